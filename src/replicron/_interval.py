@@ -1,0 +1,149 @@
+"""Anchored intervals, jitter and random intervals, all computed in whole microseconds.
+
+Tick ``k`` of a plain interval is ``anchor + k * interval`` (k >= 0). With jitter ``J`` it is
+delayed by ``floor(r(k) * J)``, where ``r`` is a repeatable fraction drawn from the job's key
+and ``k``; ``J`` is below the interval, so ticks stay in order. Random intervals come in
+complementary pairs: gaps ``g`` and ``lo + hi - g``, so tick ``2j`` sits at
+``anchor + j * (lo + hi)`` and any tick is computed directly, without replaying history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._tz import EPOCH
+from .errors import InvalidIntervalError
+
+__all__ = ["IntervalRule", "make_interval_rule", "random_fraction"]
+
+_US = timedelta(microseconds=1)
+
+
+def random_fraction(key: str, index: int) -> float:
+    """A number in [0, 1) that depends only on ``key`` and ``index`` (same on every host)."""
+    digest = hashlib.blake2b(f"{key}\0{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def _micros(instant: datetime) -> int:
+    return (instant - EPOCH) // _US
+
+
+def _from_micros(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    anchor: datetime
+    interval: timedelta | None
+    jitter: timedelta | None
+    between: tuple[timedelta, timedelta] | None
+
+    def next_after(self, instant: datetime, key: str) -> datetime | None:
+        now = _micros(instant)
+        anchor = _micros(self.anchor)
+        if self.between is not None:
+            lo, hi = (d // _US for d in self.between)
+            period = lo + hi
+            pair = max(0, (now - anchor) // period)
+            base = anchor + pair * period
+            middle = base + lo + int(random_fraction(key, pair) * (hi - lo))
+            candidates = [base, middle, base + period]
+        else:
+            assert self.interval is not None
+            step = self.interval // _US
+            k = max(0, (now - anchor) // step)
+            candidates = [self._tick(anchor, step, k + i, key) for i in range(2)]
+        return next((_from_micros(c) for c in candidates if c > now), None)
+
+    def _tick(self, anchor: int, step: int, k: int, key: str) -> int:
+        tick = anchor + k * step
+        if self.jitter:
+            tick += int(random_fraction(key, k) * (self.jitter // _US))
+        return tick
+
+    def describe(self) -> str:
+        parts = []
+        if self.between is not None:
+            parts.append(f"between=({_text(self.between[0])}, {_text(self.between[1])})")
+        else:
+            assert self.interval is not None
+            parts.append(_text(self.interval))
+        if self.jitter:
+            parts.append(f"jitter={_text(self.jitter)}")
+        if self.anchor != EPOCH:
+            parts.append(f"anchor={self.anchor.isoformat()!r}")
+        return f"every({', '.join(parts)})"
+
+
+def _text(delta: timedelta) -> str:
+    return f"timedelta(seconds={delta.total_seconds():g})"
+
+
+def _duration(value: Any, what: str) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    raise InvalidIntervalError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
+
+
+def make_interval_rule(
+    interval: Any,
+    *,
+    seconds: float,
+    minutes: float,
+    hours: float,
+    days: float,
+    jitter: Any,
+    anchor: datetime | None,
+    between: Any,
+) -> IntervalRule:
+    parts_given = any((seconds, minutes, hours, days))
+    if interval is not None and not isinstance(interval, timedelta):
+        raise InvalidIntervalError(
+            f"every() takes a timedelta, not {interval!r}: write every(seconds=...) "
+            "or every(timedelta(...))"
+        )
+    if interval is not None and parts_given:
+        raise InvalidIntervalError("give every() a timedelta or seconds=/minutes=/..., not both")
+    if interval is None and parts_given:
+        interval = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days)
+    anchor = EPOCH if anchor is None else anchor
+    if between is not None:
+        if interval is not None or jitter is not None:
+            raise InvalidIntervalError("between= replaces the interval and jitter; give it alone")
+        return IntervalRule(anchor, None, None, _bounds(between))
+    if interval is None:
+        raise InvalidIntervalError("every() needs an interval, e.g. every(minutes=5)")
+    if interval <= timedelta(0):
+        raise InvalidIntervalError(f"interval must be positive, got {interval}")
+    if interval < _US:
+        raise InvalidIntervalError(f"interval {interval} is shorter than a microsecond")
+    jitter_delta = None
+    if jitter is not None:
+        jitter_delta = _duration(jitter, "jitter")
+        if jitter_delta < timedelta(0):
+            raise InvalidIntervalError(f"jitter must not be negative, got {jitter_delta}")
+        if jitter_delta >= interval:
+            raise InvalidIntervalError(
+                f"jitter {jitter_delta} must be shorter than the interval {interval}"
+            )
+    return IntervalRule(anchor, interval, jitter_delta or None, None)
+
+
+def _bounds(between: Any) -> tuple[timedelta, timedelta]:
+    try:
+        low_value, high_value = between
+    except (TypeError, ValueError):
+        raise InvalidIntervalError(f"between= must be a pair (min, max), not {between!r}") from None
+    low, high = _duration(low_value, "between min"), _duration(high_value, "between max")
+    if low <= timedelta(0):
+        raise InvalidIntervalError(f"between min must be positive, got {low}")
+    if low >= high:
+        raise InvalidIntervalError(f"between min {low} must be less than max {high}")
+    return low, high

@@ -1,0 +1,53 @@
+"""Clocks: where a scheduler gets the time and how it waits.
+
+The scheduler never calls ``datetime.now`` or ``time.sleep`` itself; it asks its clock. Use
+:class:`SystemClock` in production and :class:`replicron.testing.FakeClock` in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from ._tz import UTC
+
+__all__ = ["Clock", "SystemClock"]
+
+# Sleep in slices no longer than this, so that a wall-clock step (NTP, suspend) is noticed.
+_MAX_SLICE = 60.0
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """The time source of a scheduler.
+
+    ``now()`` returns an aware UTC datetime. ``sleep_until`` blocks the calling thread and
+    ``asleep_until`` suspends the calling task until ``now() >= deadline``; both return at
+    once for a deadline already past.
+    """
+
+    def now(self) -> datetime: ...
+
+    def sleep_until(self, deadline: datetime, /) -> None: ...
+
+    async def asleep_until(self, deadline: datetime, /) -> None: ...
+
+
+class SystemClock:
+    """The real clock: wall time from the OS, waits re-checked against it."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def sleep_until(self, deadline: datetime, /) -> None:
+        while (remaining := (deadline - self.now()).total_seconds()) > 0:
+            time.sleep(min(remaining, _MAX_SLICE))
+
+    async def asleep_until(self, deadline: datetime, /) -> None:
+        while (remaining := (deadline - self.now()).total_seconds()) > 0:
+            await asyncio.sleep(min(remaining, _MAX_SLICE))
+
+    def __repr__(self) -> str:
+        return "SystemClock()"

@@ -1,0 +1,48 @@
+"""Job identity: name validation and the advisory-lock key derived from a name."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from .errors import InvalidJobNameError
+
+__all__ = ["MAX_JOB_NAME_LENGTH", "check_job_name", "job_lock_key"]
+
+_FNV64_OFFSET = 0xCBF29CE484222325
+_FNV64_PRIME = 0x100000001B3
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+MAX_JOB_NAME_LENGTH = 200
+
+
+def job_lock_key(name: str) -> int:
+    """FNV-1a 64 of the UTF-8 bytes of ``name``, as a *signed* 64-bit integer.
+
+    Byte-compatible with Go's ``int64(fnv.New64a().Sum64())``, so Go and Python services
+    sharing a PostgreSQL lock the same key. Signed because PostgreSQL's advisory-lock
+    functions take a ``bigint``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"job name must be a str, not {type(name).__name__}")
+    value = _FNV64_OFFSET
+    for byte in name.encode("utf-8"):
+        value = ((value ^ byte) * _FNV64_PRIME) & _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def check_job_name(name: object) -> str:
+    """Return ``name`` if it can identify a job across replicas, else raise
+    :class:`InvalidJobNameError` saying why."""
+    if not isinstance(name, str):
+        raise InvalidJobNameError(f"job name must be a str, not {type(name).__name__}")
+    if not name.strip():
+        raise InvalidJobNameError("job name must not be empty or only whitespace")
+    if name != name.strip():
+        raise InvalidJobNameError(f"job name {name!r} has leading or trailing whitespace")
+    if len(name) > MAX_JOB_NAME_LENGTH:
+        raise InvalidJobNameError(
+            f"job name {name[:40]!r}... is {len(name)} characters, "
+            f"longer than {MAX_JOB_NAME_LENGTH}"
+        )
+    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+        raise InvalidJobNameError(f"job name {name!r} contains control characters")
+    return name
