@@ -35,7 +35,7 @@ def parse_positive(value: object, what: str) -> int:
 
 def parse_times_of_day(at: TimeOfDay | Iterable[TimeOfDay]) -> tuple[int, ...]:
     """Seconds of the day, sorted and unique, from ``"HH:MM"``, ``"HH:MM:SS"`` or ``time``."""
-    items: list[object] = [at] if isinstance(at, str | time) else list(at)
+    items: list[object] = [at] if isinstance(at, str | time) or not _is_iterable(at) else list(at)
     if not items:
         raise InvalidTimeOfDayError("at= needs at least one time of day")
     return tuple(sorted({_time_of_day(item) for item in items}))
@@ -102,6 +102,10 @@ def parse_month_days(days: object) -> frozenset[int]:
                 f"day of month {item} is out of range 1..31 (or -1..-31 from the month's end)"
             )
     return frozenset(item for item in items if isinstance(item, int))
+
+
+def _is_iterable(value: object) -> bool:
+    return isinstance(value, Iterable)
 
 
 def _iterable(value: object, what: str) -> Iterable[object]:

@@ -64,7 +64,7 @@ class FakeClock:
     def _move(self, instant: datetime) -> datetime:
         self._now = instant
         self._cond.notify_all()
-        due = [s for s in self._async if s.deadline <= instant]
+        due = sorted(s for s in self._async if s.deadline <= instant)
         self._async = [s for s in self._async if s.deadline > instant]
         for sleeper in due:
             sleeper.loop.call_soon_threadsafe(_resolve, sleeper.future)

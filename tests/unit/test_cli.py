@@ -1,0 +1,78 @@
+"""`replicron next`, run as a real process (the console script) and in-process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replicron.cli import main
+
+REPLICRON = [sys.executable, "-m", "replicron.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*REPLICRON, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_next_prints_instants_in_the_zone() -> None:
+    result = run(
+        "next", "30 2 * * *", "--tz", "America/New_York", "-n", "3", "--after", "2026-03-07"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "2026-03-07T02:30:00-05:00",
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-09T02:30:00-04:00",
+    ]
+    assert result.stderr == ""
+
+
+def test_next_with_seconds_and_an_aware_after(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["next", "*/20 * * * * *", "--seconds", "-n", "2",
+                 "--after", "2026-01-01T00:00:05+02:00"]) == 0  # fmt: skip
+    assert capsys.readouterr().out.splitlines() == [
+        "2025-12-31T22:00:20+00:00",
+        "2025-12-31T22:00:40+00:00",
+    ]
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "replicron"
+    result = subprocess.run(
+        [str(script), "next", "@yearly", "-n", "1", "--after", "2026-06-01T00:00:00Z"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "2027-01-01T00:00:00+00:00\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["next", "60 * * * *"], "'60' is out of range 0-59 in the minute field"),
+        (["next", "0 * * * *", "--tz", "Mars/Base"], "unknown time zone 'Mars/Base'"),
+        (["next", "0 * * * *", "--after", "yesterday"], "--after 'yesterday' is not"),
+        (["next", "0 * * * *", "-n", "0"], "-n must be at least 1"),
+        (["next", "0 * * * *", "-n", "many"], "invalid int value"),
+        (["next"], "the following arguments are required: expression"),
+        (["frobnicate"], "invalid choice"),
+        (["next", "@reboot"], "@reboot is not supported"),
+    ],
+)
+def test_invalid_input_gives_one_line_and_status_2(args: list[str], fragment: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("replicron")
+    assert fragment in lines[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,111 @@
+"""Pins the public API: a change here is a change users see."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import replicron
+
+EXPECTED = {
+    "replicron": [
+        "Clock",
+        "ConfigurationError",
+        "CronSyntaxError",
+        "CronTrigger",
+        "DailyTrigger",
+        "IntervalTrigger",
+        "InvalidDayError",
+        "InvalidIntervalError",
+        "InvalidJobNameError",
+        "InvalidTimeOfDayError",
+        "InvalidTimezoneError",
+        "MonthlyTrigger",
+        "NaiveDatetimeError",
+        "OneTimeTrigger",
+        "PastInstantError",
+        "ReplicronError",
+        "SystemClock",
+        "Trigger",
+        "WallClockTrigger",
+        "WeeklyTrigger",
+        "__version__",
+        "check_job_name",
+        "cron",
+        "daily",
+        "every",
+        "job_lock_key",
+        "monthly",
+        "once",
+        "upcoming",
+        "weekly",
+    ],
+    "replicron.testing": ["FakeClock"],
+    "replicron.errors": [
+        "ConfigurationError",
+        "CronSyntaxError",
+        "InvalidDayError",
+        "InvalidIntervalError",
+        "InvalidJobNameError",
+        "InvalidTimeOfDayError",
+        "InvalidTimezoneError",
+        "NaiveDatetimeError",
+        "PastInstantError",
+        "ReplicronError",
+    ],
+    "replicron.clock": ["Clock", "SystemClock"],
+    "replicron.keys": ["MAX_JOB_NAME_LENGTH", "check_job_name", "job_lock_key"],
+    "replicron.cli": ["main"],
+}
+
+MODULES = [
+    "replicron",
+    "replicron._calendar",
+    "replicron._cron",
+    "replicron._interval",
+    "replicron._tz",
+    "replicron._walltime",
+    "replicron.cli",
+    "replicron.clock",
+    "replicron.errors",
+    "replicron.keys",
+    "replicron.testing",
+    "replicron.triggers",
+]
+
+
+@pytest.mark.parametrize(("module", "names"), EXPECTED.items())
+def test_public_names(module: str, names: list[str]) -> None:
+    assert sorted(importlib.import_module(module).__all__) == sorted(names)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_module_declares_all_and_exports_exist(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert isinstance(mod.__all__, list)
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name}"
+
+
+def test_every_error_is_a_replicron_error_and_a_builtin() -> None:
+    from replicron import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, replicron.ReplicronError)
+        if cls is not replicron.ReplicronError:
+            assert issubclass(cls, ValueError | TypeError), name
+
+
+def test_core_imports_nothing_heavy() -> None:
+    import subprocess
+    import sys
+
+    heavy = "{'psycopg', 'prometheus_client', 'asyncpg'}"
+    code = (
+        "import replicron, sys; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
