@@ -237,9 +237,12 @@ def _parse_item(expression: str, item: str, spec: _FieldSpec) -> range:
         if dash:
             high = _parse_value(expression, high_text, spec)
             if high < low:
+                hint = ""
+                if spec is _DOW and high == 0:
+                    hint = f" (Sunday is 0 here: write '{low_text}-7' to end on Sunday)"
                 raise CronSyntaxError(
                     expression,
-                    f"range {range_text!r} is reversed and would never fire",
+                    f"range {range_text!r} is reversed and would never fire{hint}",
                     spec.name,
                 )
         else:
