@@ -12,7 +12,7 @@ from datetime import date
 from functools import lru_cache
 
 from ._walltime import DayRule, FieldTimes, WallSchedule, month_length
-from .errors import CronSyntaxError
+from .errors import ArgumentTypeError, CronSyntaxError
 
 __all__ = ["CronDays", "ParsedCron", "parse_cron"]
 
@@ -60,9 +60,7 @@ class ParsedCron:
     hours: tuple[int, ...]
     days: CronDays
     wildcard: bool  # minute or hour field starts with '*': DST wildcard class
-
-    def schedule(self) -> WallSchedule:
-        return WallSchedule(self.days, FieldTimes(self.hours, self.minutes, self.seconds))
+    schedule: WallSchedule  # shared by every trigger with the same expression
 
 
 class CronDays(DayRule):
@@ -115,7 +113,7 @@ class CronDays(DayRule):
 def parse_cron(expression: str, *, seconds: bool = False) -> ParsedCron:
     """Parse ``expression``; raises :class:`CronSyntaxError` naming the field at fault."""
     if not isinstance(expression, str):
-        raise TypeError(f"cron expression must be a str, not {type(expression).__name__}")
+        raise ArgumentTypeError(f"cron expression must be a str, not {type(expression).__name__}")
     return _parse_cached(expression, seconds)
 
 
@@ -123,10 +121,10 @@ def parse_cron(expression: str, *, seconds: bool = False) -> ParsedCron:
 def _parse_cached(expression: str, with_seconds: bool) -> ParsedCron:
     text = expression.strip()
     if not text:
-        raise CronSyntaxError(expression, "empty expression")
+        raise CronSyntaxError(expression, "the expression is empty")
     if text.upper().startswith(("CRON_TZ=", "TZ=")):
         raise CronSyntaxError(
-            expression, "CRON_TZ= is not supported: pass tz=... to choose the time zone"
+            expression, "CRON_TZ= and TZ= are not supported: pass tz=... to choose the time zone"
         )
     if text.startswith("@"):
         fields = _expand_descriptor(expression, text)
@@ -165,12 +163,14 @@ def _parse_cached(expression: str, with_seconds: bool) -> ParsedCron:
             "can never fire: no month in the month field has a day that matches",
             _DOM.name,
         )
+    seconds_, minutes_, hours_ = (tuple(sorted(values)) for values in (sec, minute, hour))
     return ParsedCron(
-        tuple(sorted(sec)),
-        tuple(sorted(minute)),
-        tuple(sorted(hour)),
+        seconds_,
+        minutes_,
+        hours_,
         days,
         wildcard=minute_text.startswith("*") or hour_text.startswith("*"),
+        schedule=WallSchedule(days, FieldTimes(hours_, minutes_, seconds_)),
     )
 
 
@@ -207,7 +207,7 @@ def _unknown_value_reason(text: str, spec: _FieldSpec) -> str:
     if "#" in text:
         return f"'#' in {text!r} is only allowed in the day-of-week field, as in 'mon#1'"
     if "L" in upper:
-        return f"'L' in {text!r} is only allowed alone, in the day-of-month field"
+        return f"'L' in {text!r} must stand alone: it means the last day of the month"
     if "W" in upper:
         return f"'W' (nearest weekday) in {text!r} is not supported"
     what = "a number or a three-letter name" if spec.names else "a number"

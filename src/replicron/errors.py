@@ -8,16 +8,24 @@ concrete class also subclasses the builtin that fits (``ValueError`` for a bad v
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "ConfigurationError",
     "CronSyntaxError",
+    "DuplicateJobError",
+    "ForkedSchedulerError",
     "InvalidDayError",
     "InvalidIntervalError",
+    "InvalidJobArgumentsError",
     "InvalidJobNameError",
+    "InvalidJobOptionError",
     "InvalidTimeOfDayError",
     "InvalidTimezoneError",
+    "JobNotFoundError",
     "NaiveDatetimeError",
+    "NoCurrentRunError",
     "PastInstantError",
     "ReplicronError",
+    "SchedulerClosedError",
 ]
 
 
@@ -40,8 +48,11 @@ class CronSyntaxError(ConfigurationError):
         self.expression = expression
         self.reason = reason
         self.field = field
-        where = f" in the {field} field" if field else ""
-        super().__init__(f"{reason}{where} of cron expression {expression!r}")
+        if field:
+            message = f"{reason} in the {field} field of cron expression {expression!r}"
+        else:
+            message = f"{reason} (cron expression {expression!r})"
+        super().__init__(message)
 
 
 class InvalidTimezoneError(ConfigurationError):
@@ -70,3 +81,39 @@ class InvalidJobNameError(ConfigurationError):
 
 class NaiveDatetimeError(ReplicronError, TypeError):
     """A datetime without a time zone was given where an instant is needed."""
+
+
+class InvalidJobOptionError(ConfigurationError):
+    """A job or scheduler option has a value it cannot take (overlap policy, timeout ...)."""
+
+
+class InvalidJobArgumentsError(ReplicronError, TypeError):
+    """The arguments given for a job's function do not fit its signature."""
+
+
+class DuplicateJobError(ConfigurationError):
+    """A job with this name is already registered in the scheduler."""
+
+
+class JobNotFoundError(ReplicronError, LookupError):
+    """No job with this name (or tag) is registered."""
+
+
+class SchedulerClosedError(ReplicronError, RuntimeError):
+    """The scheduler was shut down; it takes no more jobs and runs nothing."""
+
+
+class ForkedSchedulerError(ReplicronError, RuntimeError):
+    """A scheduler started in one process was used in a process forked from it.
+
+    Its threads and event loop did not survive the fork. Start schedulers after forking
+    (for gunicorn: in ``post_fork`` or without ``--preload``).
+    """
+
+
+class NoCurrentRunError(ReplicronError, LookupError):
+    """:func:`replicron.current_run` was called outside a job's run."""
+
+
+class ArgumentTypeError(ReplicronError, TypeError):
+    """A value of the wrong type was passed (a number for a cron string, a str for an instant)."""

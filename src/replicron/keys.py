@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from .errors import InvalidJobNameError
+from .errors import ArgumentTypeError, InvalidJobNameError
 
 __all__ = ["MAX_JOB_NAME_LENGTH", "check_job_name", "job_lock_key"]
 
@@ -22,7 +22,7 @@ def job_lock_key(name: str) -> int:
     functions take a ``bigint``.
     """
     if not isinstance(name, str):
-        raise TypeError(f"job name must be a str, not {type(name).__name__}")
+        raise ArgumentTypeError(f"job name must be a str, not {type(name).__name__}")
     value = _FNV64_OFFSET
     for byte in name.encode("utf-8"):
         value = ((value ^ byte) * _FNV64_PRIME) & _MASK64

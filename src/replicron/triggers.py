@@ -21,7 +21,7 @@ from ._cron import parse_cron
 from ._interval import IntervalRule, make_interval_rule
 from ._tz import UTC, from_unix, resolve_zone, timeline_for, to_unix, zone_name
 from ._walltime import DayRule, ListTimes, WallSchedule, next_instant
-from .errors import NaiveDatetimeError, PastInstantError
+from .errors import ArgumentTypeError, NaiveDatetimeError, PastInstantError
 from .keys import check_job_name
 
 __all__ = [
@@ -67,7 +67,7 @@ def upcoming(trigger: Trigger, after: datetime, count: int) -> Iterator[datetime
 
 def require_aware(instant: object, what: str = "instant") -> datetime:
     if not isinstance(instant, datetime):
-        raise TypeError(f"{what} must be a datetime, not {type(instant).__name__}")
+        raise ArgumentTypeError(f"{what} must be a datetime, not {type(instant).__name__}")
     if instant.tzinfo is None or instant.utcoffset() is None:
         raise NaiveDatetimeError(
             f"{what} {instant.isoformat()} has no time zone; pass an aware datetime "
@@ -148,7 +148,7 @@ class CronTrigger(WallClockTrigger):
             expression=expression,
             seconds=seconds,
             tz=resolve_zone(tz),
-            _schedule=parsed.schedule(),
+            _schedule=parsed.schedule,
             _wildcard=parsed.wildcard,
         )
 
@@ -196,7 +196,7 @@ class DailyTrigger(_CalendarTrigger):
     ) -> None:
         n = _calendar.parse_positive(every_n_days, "every_n_days")
         if not isinstance(anchor, date) or isinstance(anchor, datetime):
-            raise TypeError(f"anchor must be a date, not {type(anchor).__name__}")
+            raise ArgumentTypeError(f"anchor must be a date, not {type(anchor).__name__}")
         self._setup(_calendar.DailyDays(n, anchor), at, tz, every_n_days=n, anchor=anchor)
 
     def _identity(self) -> tuple[object, ...]:
@@ -204,6 +204,8 @@ class DailyTrigger(_CalendarTrigger):
 
     def __repr__(self) -> str:
         extra = f", every_n_days={self.every_n_days}" if self.every_n_days != 1 else ""
+        if self.anchor != date(1970, 1, 1):
+            extra += f", anchor={self.anchor!r}"
         return f"daily(at={self._at_repr()}{extra}{self._tz_repr()})"
 
 
@@ -290,7 +292,8 @@ class IntervalTrigger(_Frozen):
         return (self._rule, self.key)
 
     def __repr__(self) -> str:
-        return self._rule.describe()
+        text = self._rule.describe()
+        return f"{text}.for_job({self.key!r})" if self.key else text
 
 
 class OneTimeTrigger(_Frozen):

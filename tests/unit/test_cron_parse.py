@@ -280,9 +280,9 @@ REJECTED: list[tuple[str, bool, str | None, str]] = [
     ("@fortnightly", False, None, "unknown descriptor '@fortnightly'"),
     ("@", False, None, "unknown descriptor"),
     ("@daily 0", False, None, "unexpected text after @daily"),
-    ("CRON_TZ=UTC 0 * * * *", False, None, "CRON_TZ= is not supported"),
-    ("", False, None, "empty expression"),
-    ("   ", False, None, "empty expression"),
+    ("CRON_TZ=UTC 0 * * * *", False, None, "CRON_TZ= and TZ= are not supported"),
+    ("", False, None, "the expression is empty"),
+    ("   ", False, None, "the expression is empty"),
 ]
 
 
@@ -297,9 +297,10 @@ def test_rejected(expression: str, seconds: bool, field: str | None, fragment: s
     assert error.field == field
     message = str(error)
     assert fragment in message
-    assert f"of cron expression {expression!r}" in message
     if field is not None:
-        assert f"in the {field} field" in message
+        assert f"in the {field} field of cron expression {expression!r}" in message
+    else:
+        assert message.endswith(f"(cron expression {expression!r})")
 
 
 def test_full_message_names_value_range_field_and_expression() -> None:

@@ -1,0 +1,81 @@
+"""Logging and listener calls: every record carries job, tick and replica."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from .events import Listener, RunEvent
+
+__all__ = ["Observer", "logger"]
+
+logger = logging.getLogger("replicron")
+
+
+class Observer:
+    """Sends run events to the log and to listeners; nothing here ever raises."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        listeners: Sequence[Listener],
+        spawn: Callable[[Awaitable[Any]], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self.listeners = tuple(listeners)
+        self._spawn = spawn
+
+    def log(
+        self,
+        level: int,
+        event: str,
+        message: str,
+        job: str | None = None,
+        tick: datetime | None = None,
+        run_id: int | None = None,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        if not logger.isEnabledFor(level):
+            return
+        extra = {
+            "event": event,
+            "job": job,
+            "tick": None if tick is None else tick.isoformat(),
+            "replica": self.replica_id,
+            "run_id": run_id,
+        }
+        where = f"job {job!r} tick {extra['tick']}: " if job is not None else ""
+        logger.log(level, "%s%s", where, message, extra=extra, exc_info=exc_info)
+
+    def notify(self, hook: str, event: RunEvent) -> None:
+        for listener in self.listeners:
+            try:
+                result = getattr(listener, hook)(event)
+            except Exception as exc:
+                self._listener_failed(hook, event, exc)
+                continue
+            if inspect.isawaitable(result):
+                self._spawn(self._await_listener(result, hook, event))
+
+    async def _await_listener(self, result: Awaitable[Any], hook: str, event: RunEvent) -> None:
+        try:
+            await result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._listener_failed(hook, event, exc)
+
+    def _listener_failed(self, hook: str, event: RunEvent, exc: Exception) -> None:
+        self.log(
+            logging.ERROR,
+            "listener_failed",
+            f"listener {hook} raised {exc!r}",
+            event.job,
+            event.scheduled_at,
+            event.run_id,
+            exc_info=exc,
+        )

@@ -1,0 +1,177 @@
+"""Job registration and inspection: synchronous, thread-safe, shared by both scheduler faces."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import Any, Literal
+
+from .backends.base import Claim
+from .clock import Clock
+from .errors import (
+    DuplicateJobError,
+    ForkedSchedulerError,
+    InvalidJobOptionError,
+    JobNotFoundError,
+    SchedulerClosedError,
+)
+from .events import RunEvent
+from .jobs import Job, JobSpec, build_job_spec
+from .planner import Planner, Tick
+
+__all__ = ["JobRegistry", "JobState"]
+
+
+@dataclass(slots=True)
+class JobState:
+    spec: JobSpec
+    handle: Job
+    running: int = 0
+    runs_started: int = 0
+    pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
+    last_event: RunEvent | None = None
+
+
+class JobRegistry:
+    """The jobs of a scheduler and their plan. Runs nothing; the engine builds on it."""
+
+    clock: Clock
+    timezone: tzinfo
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._jobs: dict[str, JobState] = {}
+        self._planner = Planner()
+        self._immediate: list[Tick] = []
+        self._catch_up_needed: list[str] = []
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    # ---- registration (any thread) -----------------------------------------------------
+
+    def check_usable(self) -> None:
+        if self._pid is not None and os.getpid() != self._pid:
+            raise ForkedSchedulerError(
+                f"this scheduler was started in process {self._pid} and cannot be used in "
+                f"forked process {os.getpid()}: start schedulers after forking"
+            )
+        if self._state in ("stopping", "stopped"):
+            raise SchedulerClosedError("the scheduler was shut down")
+
+    def add_job(self, spec: JobSpec) -> Job:
+        self.check_usable()
+        with self._lock:
+            if spec.name in self._jobs:
+                raise DuplicateJobError(f"a job named {spec.name!r} is already registered")
+            state = self._jobs[spec.name] = JobState(spec, Job(self, spec.name))
+            self._plan(state)
+            if self._state == "running":
+                self._catch_up_needed.append(spec.name)
+        self._poke()
+        return state.handle
+
+    def update_job(self, name: str, trigger: Any, options: dict[str, Any]) -> None:
+        self.check_usable()
+        with self._lock:
+            state = self._state_of(name)
+            old = state.spec
+            fields: dict[str, Any] = {
+                "name": name,
+                "tags": old.tags,
+                "overlap": old.overlap,
+                "timeout": old.timeout,
+                "start_at": old.start_at,
+                "stop_at": old.stop_at,
+                "max_runs": old.max_runs,
+                "catch_up": old.catch_up,
+                "misfire_grace": old.misfire_grace,
+            }
+            unknown = set(options) - set(fields) - {"name"}
+            if unknown or "name" in options:
+                bad = ", ".join(sorted(unknown | ({"name"} & set(options))))
+                raise InvalidJobOptionError(f"job {name!r}: cannot update {bad}")
+            fields.update(options)
+            state.spec = build_job_spec(
+                old.trigger if trigger is None else trigger,
+                old.func,
+                old.args,
+                old.kwargs,
+                default_tz=self.timezone,
+                **fields,
+            )
+            self._plan(state)
+        self._poke()
+
+    def remove_job(self, name: str) -> None:
+        self.check_usable()
+        with self._lock:
+            self._state_of(name)
+            del self._jobs[name]
+            self._planner.remove(name)
+        self._poke()
+
+    def remove_by_tag(self, tag: str) -> list[str]:
+        with self._lock:
+            names = [n for n, s in self._jobs.items() if tag in s.spec.tags]
+            for name in names:
+                self.remove_job(name)
+        return names
+
+    def jobs(self) -> list[Job]:
+        with self._lock:
+            return [s.handle for s in self._jobs.values()]
+
+    def get_job(self, name: str) -> Job:
+        with self._lock:
+            return self._state_of(name).handle
+
+    def spec(self, name: str) -> JobSpec:
+        with self._lock:
+            return self._state_of(name).spec
+
+    def next_runs(self, name: str, count: int) -> list[datetime]:
+        with self._lock:
+            self._state_of(name)
+            return self._planner.upcoming(name, count)
+
+    def last_run(self, name: str) -> RunEvent | None:
+        with self._lock:
+            return self._state_of(name).last_event
+
+    def run_now(self, name: str) -> None:
+        self.check_usable()
+        with self._lock:
+            self._state_of(name)
+            self._immediate.append(Tick(name, self.clock.now()))
+        self._poke()
+
+    def _state_of(self, name: str) -> JobState:
+        state = self._jobs.get(name)
+        if state is None:
+            raise JobNotFoundError(f"no job named {name!r}")
+        return state
+
+    def _plan(self, state: JobState) -> None:
+        spec = state.spec
+        if spec.max_runs is not None and state.runs_started >= spec.max_runs:
+            self._planner.remove(spec.name)
+            return
+        self._planner.add(
+            spec.name,
+            spec.trigger,
+            self.clock.now(),
+            start_at=spec.start_at,
+            stop_at=spec.stop_at,
+        )
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # loop closed in between
+                loop.call_soon_threadsafe(wake.set)

@@ -1,0 +1,16 @@
+"""Coordination backends: who runs a tick, and no overlapping runs."""
+
+from __future__ import annotations
+
+from .base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from .memory import MemoryBackend, MemoryState
+
+__all__ = [
+    "Backend",
+    "Claim",
+    "ClaimRequest",
+    "ClaimStatus",
+    "MemoryBackend",
+    "MemoryState",
+    "RunRecord",
+]

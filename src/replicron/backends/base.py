@@ -1,0 +1,94 @@
+"""The seam between the engine and a coordination backend.
+
+A backend answers three questions for the engine:
+
+* **claim**: is this tick mine? Among replicas sharing a backend exactly one claim of a tick
+  succeeds (a unique ``(job, scheduled_at)`` record, never a timing race). A claim may also
+  ask for the job's run lock (no overlap); the lock is held until :meth:`Backend.release`.
+* **release**: the run (or non-run) ended with this outcome; record it and drop the lock.
+* **last_tick**: the latest tick of a job anybody recorded, to find ticks missed while no
+  replica was up.
+
+Backends never import the engine. All methods are coroutines so that a networked backend can
+await I/O; the engine batches the claims of ticks due at the same instant into one call.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from replicron.events import Outcome
+
+__all__ = ["Backend", "Claim", "ClaimRequest", "ClaimStatus", "RunRecord"]
+
+
+class ClaimStatus(enum.Enum):
+    #: The tick is ours (and the lock, if one was asked for): run it.
+    CLAIMED = "claimed"
+    #: Another replica claimed this tick: do nothing, it records the outcome.
+    TAKEN = "taken"
+    #: The tick is ours but the job's lock is held by a run elsewhere: we record
+    #: ``skipped_overlap``.
+    LOCKED = "locked"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    job: str
+    scheduled_at: datetime
+    #: Take the job's run lock as well (overlap policy ``skip``/``queue``).
+    lock: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    job: str
+    scheduled_at: datetime
+    status: ClaimStatus
+    #: Fencing token: strictly increasing per job across all replicas (``None`` unless
+    #: ``status`` is ``CLAIMED``).
+    run_id: int | None
+    locked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    job: str
+    scheduled_at: datetime
+    outcome: Outcome
+    replica_id: str
+    run_id: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a coordination backend."""
+
+    async def open(self, replica_id: str) -> None:
+        """Connect; called once when a scheduler starts."""
+
+    async def close(self) -> None:
+        """Release every lock of this replica and disconnect; idempotent."""
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        """Try to claim each tick (one result per request, in order)."""
+
+    async def lock(self, claim: Claim) -> bool:
+        """Take the run lock for an already claimed tick (queued runs); False if held."""
+
+    async def release(self, record: RunRecord, *, unlock: bool) -> None:
+        """Record how a claimed tick ended and, with ``unlock``, drop its job's lock."""
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+        """Record outcomes of ticks nobody ran (missed) unless another replica already
+        recorded the tick; True where this call recorded it."""
+
+    async def last_tick(self, job: str) -> datetime | None:
+        """The latest tick of ``job`` recorded by anybody, or ``None``."""

@@ -1,0 +1,133 @@
+"""The in-process backend: the default, and several schedulers in one process.
+
+Each :class:`MemoryBackend` is one replica's handle; handles built on the same
+:class:`MemoryState` coordinate with each other exactly as replicas sharing a database do
+(useful in tests). State lives in memory only: nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .base import Claim, ClaimRequest, ClaimStatus, RunRecord
+
+__all__ = ["MemoryBackend", "MemoryState"]
+
+#: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused.
+TICKS_KEPT = 1024
+
+
+@dataclass
+class _JobState:
+    ticks: OrderedDict[datetime, str | None] = field(default_factory=OrderedDict)
+    oldest_forgotten: datetime | None = None
+    lock_holder: tuple[str, int] | None = None
+    last_run_id: int = 0
+    last_tick: datetime | None = None
+    history: deque[RunRecord] = field(default_factory=lambda: deque(maxlen=100))
+
+
+class MemoryState:
+    """Claims, locks and history shared by the :class:`MemoryBackend` handles built on it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: dict[str, _JobState] = {}
+
+    def job(self, name: str) -> _JobState:
+        state = self.jobs.get(name)
+        if state is None:
+            state = self.jobs[name] = _JobState()
+        return state
+
+    def history(self, job: str) -> list[RunRecord]:
+        """Recorded outcomes of ``job``, oldest first (the last 100)."""
+        with self.lock:
+            return list(self.job(job).history)
+
+    def locks_held(self) -> dict[str, tuple[str, int]]:
+        """Job name -> (replica id, run id) for every run lock held now."""
+        with self.lock:
+            return {n: s.lock_holder for n, s in self.jobs.items() if s.lock_holder is not None}
+
+
+class MemoryBackend:
+    """One replica's handle on a :class:`MemoryState` (a private one by default)."""
+
+    def __init__(self, state: MemoryState | None = None) -> None:
+        self.state = MemoryState() if state is None else state
+        self.replica_id = ""
+
+    async def open(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+
+    async def close(self) -> None:
+        with self.state.lock:
+            for job in self.state.jobs.values():
+                if job.lock_holder is not None and job.lock_holder[0] == self.replica_id:
+                    job.lock_holder = None
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        with self.state.lock:
+            return [self._claim_one(request) for request in requests]
+
+    def _take_tick(self, job: _JobState, tick: datetime) -> bool:
+        """Insert the tick unless anybody has it: the unique ``(job, tick)`` record."""
+        if tick in job.ticks or (job.oldest_forgotten is not None and tick <= job.oldest_forgotten):
+            return False
+        job.ticks[tick] = self.replica_id
+        if len(job.ticks) > TICKS_KEPT:
+            forgotten, _ = job.ticks.popitem(last=False)
+            if job.oldest_forgotten is None or forgotten > job.oldest_forgotten:
+                job.oldest_forgotten = forgotten
+        if job.last_tick is None or tick > job.last_tick:
+            job.last_tick = tick
+        return True
+
+    def _claim_one(self, request: ClaimRequest) -> Claim:
+        job = self.state.job(request.job)
+        tick = request.scheduled_at
+        if not self._take_tick(job, tick):
+            return Claim(request.job, tick, ClaimStatus.TAKEN, None, False)
+        if request.lock and job.lock_holder is not None:
+            return Claim(request.job, tick, ClaimStatus.LOCKED, None, False)
+        job.last_run_id += 1
+        if request.lock:
+            job.lock_holder = (self.replica_id, job.last_run_id)
+        return Claim(request.job, tick, ClaimStatus.CLAIMED, job.last_run_id, request.lock)
+
+    async def lock(self, claim: Claim) -> bool:
+        with self.state.lock:
+            job = self.state.job(claim.job)
+            if job.lock_holder is not None:
+                return False
+            assert claim.run_id is not None
+            job.lock_holder = (self.replica_id, claim.run_id)
+            return True
+
+    async def release(self, record: RunRecord, *, unlock: bool) -> None:
+        with self.state.lock:
+            job = self.state.job(record.job)
+            job.history.append(record)
+            if unlock and job.lock_holder == (self.replica_id, record.run_id):
+                job.lock_holder = None
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+        done = []
+        with self.state.lock:
+            for record in records:
+                job = self.state.job(record.job)
+                taken = self._take_tick(job, record.scheduled_at)
+                if taken:
+                    job.history.append(record)
+                done.append(taken)
+        return done
+
+    async def last_tick(self, job: str) -> datetime | None:
+        with self.state.lock:
+            state = self.state.jobs.get(job)
+            return None if state is None else state.last_tick

@@ -1,0 +1,501 @@
+"""The engine: one asyncio implementation under both ``Scheduler`` and ``AsyncScheduler``.
+
+It sleeps until the planner's next wake-up (or a job change), claims the due ticks from the
+backend in one batch, starts the runs (async functions on the loop, sync functions on worker
+threads), enforces timeouts and records every outcome. Job registration is synchronous and
+thread-safe, so both faces share it unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import logging
+import os
+from collections import deque
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from typing import Any, Literal
+
+from ._observe import Observer
+from ._registry import JobRegistry, JobState
+from ._workers import WorkerPool
+from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from .clock import Clock
+from .context import RunContext, _current
+from .errors import (
+    SchedulerClosedError,
+)
+from .events import Listener, Outcome, RunEvent
+from .planner import Tick, catch_up_plan, overlap_action
+
+__all__ = ["Engine"]
+
+_INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
+ConcurrencyMode = Literal["queue", "skip"]
+_LISTENER_HOOK = {
+    Outcome.SUCCEEDED: "after_success",
+    Outcome.FAILED: "after_failure",
+    Outcome.TIMED_OUT: "on_timeout",
+    Outcome.SKIPPED_OVERLAP: "on_skipped",
+    Outcome.SKIPPED_LIMIT: "on_skipped",
+    Outcome.MISSED: "on_missed",
+    Outcome.ABANDONED: "on_abandoned",
+}
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    job: JobState
+    claim: Claim
+    ctx: RunContext
+    started_at: datetime
+    timed_out: bool = False
+    abandoned: bool = False
+    finished: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class Engine(JobRegistry):
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        backend: Backend,
+        timezone: tzinfo,
+        replica_id: str,
+        max_concurrent_jobs: int | None,
+        concurrency_mode: ConcurrencyMode,
+        stop_timeout: float,
+        listeners: Sequence[Listener],
+        max_workers: int,
+    ) -> None:
+        self.clock, self.backend, self.timezone = clock, backend, timezone
+        self.replica_id = replica_id
+        self.max_concurrent_jobs = max_concurrent_jobs
+        self.concurrency_mode = concurrency_mode
+        self.stop_timeout = stop_timeout
+        self.max_workers = max_workers
+        super().__init__()
+        self._idle: asyncio.Event | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Future[None] | None = None
+        self._workers: WorkerPool | None = None
+        self._active: set[_Run] = set()
+        self._waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
+        self._deadlines: list[tuple[datetime, int, _Run]] = []
+        self._seq = itertools.count()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._releases: list[tuple[RunRecord, bool, JobState | None]] = []
+        self.observer = Observer(replica_id, listeners, self._spawn)
+
+    # ---- life cycle (on the loop) ------------------------------------------------------
+
+    async def start(self) -> None:
+        self.check_usable()
+        if self._state != "new":
+            raise SchedulerClosedError("a scheduler can be started once")
+        self._loop = asyncio.get_running_loop()
+        self._pid = os.getpid()
+        self._wake, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._stopped = self._loop.create_future()
+        await self.backend.open(self.replica_id)
+        self._workers = WorkerPool(self.max_workers, f"replicron-worker-{self.replica_id}")
+        with self._lock:
+            self._state = "running"
+            for state in self._jobs.values():
+                self._plan(state)
+            self._catch_up_needed.extend(self._jobs)
+        self._main = self._loop.create_task(self._run_loop(), name="replicron-engine")
+        self.observer.log(_INFO, "scheduler_started", f"scheduler started ({len(self._jobs)} jobs)")
+
+    def close_unstarted(self) -> None:
+        if self._state == "new":
+            self._state = "stopped"
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    async def stop(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop claiming ticks, let runs finish for up to ``timeout`` seconds, then cancel
+        and signal the rest; release every lock. Idempotent."""
+        if self._state == "new":
+            self.close_unstarted()
+            return
+        assert self._stopped is not None
+        assert self._main is not None
+        assert self._idle is not None
+        if self._state != "running":
+            await asyncio.shield(self._stopped)
+            return
+        self._state = "stopping"
+        self._poke()
+        await self._main
+        for state, claim in self._waiting:
+            self._record(state, claim, Outcome.MISSED, "scheduler shut down first", claim.locked)
+        self._waiting.clear()
+        for state in self._jobs.values():
+            if state.pending is not None:
+                self._record(state, state.pending, Outcome.MISSED, "scheduler shut down first")
+                state.pending = None
+        limit = self.stop_timeout if timeout is None else timeout
+        if wait and self._active and _current.get(None) is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), limit)
+        await self._abandon_active()
+        await self._flush_releases()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=limit)
+        await self.backend.close()
+        assert self._workers is not None
+        stuck = await asyncio.to_thread(self._workers.stop, 0.5 if wait else 0.0)
+        for thread in stuck:
+            self.observer.log(_ERROR, "worker_stuck", f"{thread.name} ignores cancellation")
+        self._state = "stopped"
+        self._stopped.set_result(None)
+        self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")
+
+    async def _abandon_active(self) -> None:
+        tasks = []
+        for run in list(self._active):
+            run.abandoned = True
+            run.ctx.cancelled.set()
+            if run.task is not None:
+                run.task.cancel()
+                tasks.append(run.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for run in list(self._active):  # sync runs still in their threads
+            self._finish(run, None, self.clock.now())
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        assert self._wake is not None
+        while self._state == "running":
+            self._wake.clear()
+            now = self.clock.now()
+            with self._lock:
+                decision = self._planner.decide(now)
+                immediate, self._immediate = self._immediate, []
+                catch_up, self._catch_up_needed = self._catch_up_needed, []
+            try:
+                if catch_up:
+                    immediate.extend(await self._catch_up(catch_up, now))
+                if decision.missed:
+                    await self._record_missed(decision.missed, decision.truncated)
+                if immediate or decision.due:
+                    await self._dispatch(immediate + decision.due)
+            except Exception as exc:  # a backend failure must not stop the scheduler
+                self.observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
+                self._notify_lock_error(immediate + decision.due, exc)
+            self._expire(self.clock.now())
+            with self._lock:
+                wake_at = self._planner.wake_at()
+            if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
+                wake_at = self._deadlines[0][0]
+            await self._sleep(wake_at)
+
+    async def _sleep(self, until: datetime | None) -> None:
+        assert self._wake is not None
+        if self._wake.is_set() or (until is not None and until <= self.clock.now()):
+            return
+        if until is None:
+            await self._wake.wait()
+            return
+        sleeper = asyncio.ensure_future(self.clock.asleep_until(until))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+
+    async def _catch_up(self, names: list[str], now: datetime) -> list[Tick]:
+        runs: list[Tick] = []
+        for name in names:
+            state = self._jobs.get(name)
+            last = None if state is None else await self.backend.last_tick(name)
+            if state is None or last is None:
+                continue
+            spec = state.spec
+            due, missed, truncated = catch_up_plan(
+                spec.trigger, last, now, spec.catch_up, spec.misfire_grace
+            )
+            runs.extend(Tick(name, t) for t in due)
+            if missed:
+                await self._record_missed(
+                    [Tick(name, t) for t in missed], {name} if truncated else set()
+                )
+        return runs
+
+    async def _record_missed(self, ticks: list[Tick], truncated: set[str]) -> None:
+        records = [self._record_of(t.job, t.scheduled_at, Outcome.MISSED) for t in ticks]
+        recorded = await self.backend.record_unclaimed(records)
+        for record, ours in zip(records, recorded, strict=True):
+            if ours:
+                self._report(record, self._jobs.get(record.job), detail="a later tick was due")
+        for name in truncated:
+            self.observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
+
+    # ---- dispatch ----------------------------------------------------------------------
+
+    async def _dispatch(self, ticks: list[Tick]) -> None:
+        requests: list[ClaimRequest] = []
+        plans: list[tuple[JobState, str]] = []
+        active = len(self._active) + len(self._waiting)
+        for tick in ticks:
+            state = self._jobs.get(tick.job)
+            if state is None:
+                continue
+            action: str = overlap_action(state.spec.overlap, state.running)
+            if action == "run" and self.max_concurrent_jobs is not None:
+                if active >= self.max_concurrent_jobs:
+                    action = "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
+                active += 1
+            lock = state.spec.overlap != "allow" and action in ("run", "limit_queue")
+            requests.append(ClaimRequest(tick.job, tick.scheduled_at, lock))
+            plans.append((state, action))
+        if not requests:
+            return
+        claims = await self.backend.claim(requests)
+        for (state, action), claim in zip(plans, claims, strict=True):
+            if claim.status is ClaimStatus.TAKEN:
+                self.observer.log(
+                    _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
+                )
+            elif claim.status is ClaimStatus.LOCKED:
+                self._record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
+            elif action == "run":
+                self._start(state, claim)
+            elif action == "skip":
+                self._record(state, claim, Outcome.SKIPPED_OVERLAP, "previous run still going")
+            elif action == "limit_skip":
+                self._record(state, claim, Outcome.SKIPPED_LIMIT, "max_concurrent_jobs reached")
+            elif action == "limit_queue":
+                self._waiting.append((state, claim))
+            else:  # overlap "queue": keep one tick waiting; a newer one replaces it
+                if state.pending is not None:
+                    self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
+                state.pending = claim
+
+    def _start(self, state: JobState, claim: Claim) -> None:
+        spec = state.spec
+        if spec.max_runs is not None and state.runs_started >= spec.max_runs:
+            self._record(state, claim, Outcome.MISSED, "max_runs reached", unlock=claim.locked)
+            return
+        started = self.clock.now()
+        deadline = None if spec.timeout is None else started + spec.timeout
+        ctx = RunContext(spec.name, claim.scheduled_at, claim.run_id, self.replica_id, deadline)
+        run = _Run(state, claim, ctx, started)
+        state.running += 1
+        state.runs_started += 1
+        if spec.max_runs is not None and state.runs_started >= spec.max_runs:
+            with self._lock:
+                self._planner.remove(spec.name)
+        self._active.add(run)
+        assert self._idle is not None
+        self._idle.clear()
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), run))
+        if self.observer.listeners:
+            self.observer.notify("before_run", self._event_of(run, None, None, None))
+        if spec.is_async:
+            assert self._loop is not None
+            run.task = self._loop.create_task(self._run_async(run))
+        else:
+            assert self._workers is not None
+            self._workers.submit(functools.partial(self._run_sync, run))
+
+    def _run_sync(self, run: _Run) -> None:
+        spec = run.job.spec
+        token = _current.set(run.ctx)
+        error: BaseException | None = None
+        try:
+            spec.func(*spec.args, **spec.kwargs)
+        except BaseException as exc:  # a task must never take its worker thread down
+            error = exc
+        finally:
+            _current.reset(token)
+        finished = self.clock.now()
+        loop = self._loop
+        assert loop is not None
+        with contextlib.suppress(RuntimeError):  # loop gone: the run was abandoned at shutdown
+            loop.call_soon_threadsafe(self._finish, run, error, finished)
+
+    async def _run_async(self, run: _Run) -> None:
+        spec = run.job.spec
+        _current.set(run.ctx)
+        error: BaseException | None = None
+        try:
+            await spec.func(*spec.args, **spec.kwargs)
+        except asyncio.CancelledError as exc:
+            if not (run.timed_out or run.abandoned):
+                error = exc
+        except Exception as exc:
+            error = exc
+        self._finish(run, error, self.clock.now())
+
+    def _expire(self, now: datetime) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, run = heapq.heappop(self._deadlines)
+            if run.finished:
+                continue
+            run.timed_out = True
+            run.ctx.cancelled.set()
+            if run.task is not None:
+                run.task.cancel()
+            spec = run.job.spec
+            self.observer.log(
+                _WARNING,
+                "timed_out",
+                f"run passed its timeout of {spec.timeout}; "
+                + ("cancelled" if run.task else "signalled (cancel event set)"),
+                spec.name,
+                run.claim.scheduled_at,
+                run.claim.run_id,
+            )
+            if self.observer.listeners:
+                self.observer.notify(
+                    "on_timeout", self._event_of(run, Outcome.TIMED_OUT, now, None)
+                )
+
+    def _finish(self, run: _Run, error: BaseException | None, finished: datetime) -> None:
+        if run.finished:
+            return
+        run.finished = True
+        state = run.job
+        state.running -= 1
+        self._active.discard(run)
+        if run.abandoned:
+            outcome = Outcome.ABANDONED
+        elif run.timed_out:
+            outcome = Outcome.TIMED_OUT
+            overrun = finished - run.started_at - (state.spec.timeout or timedelta(0))
+            if run.task is None and overrun > timedelta(0):
+                self.observer.log(
+                    _WARNING, "overrun", f"sync run returned {overrun} after its timeout",
+                    state.spec.name, run.claim.scheduled_at, run.claim.run_id,
+                )  # fmt: skip
+        else:
+            outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
+        record = self._record_of(
+            state.spec.name, run.claim.scheduled_at, outcome, run.claim.run_id,
+            run.started_at, finished, error,
+        )  # fmt: skip
+        self._report(record, state, error=error, notify_timeout=not run.timed_out)
+        self._queue_release(record, run.claim.locked, state)
+        if not self._active and self._idle is not None:
+            self._idle.set()
+
+    # ---- outcomes ----------------------------------------------------------------------
+
+    def _record(
+        self, state: JobState, claim: Claim, outcome: Outcome, detail: str, unlock: bool = False
+    ) -> None:
+        record = self._record_of(state.spec.name, claim.scheduled_at, outcome, claim.run_id)
+        self._report(record, state, detail=detail)
+        self._queue_release(record, unlock, None)
+
+    def _record_of(
+        self, job: str, tick: datetime, outcome: Outcome, run_id: int | None = None,
+        started: datetime | None = None, finished: datetime | None = None,
+        error: BaseException | None = None,
+    ) -> RunRecord:  # fmt: skip
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        return RunRecord(job, tick, outcome, self.replica_id, run_id, started, finished, text)
+
+    def _report(
+        self,
+        record: RunRecord,
+        state: JobState | None,
+        *,
+        error: BaseException | None = None,
+        detail: str | None = None,
+        notify_timeout: bool = True,
+    ) -> None:
+        event = RunEvent(
+            record.job, record.scheduled_at, self.replica_id, record.run_id, record.outcome,
+            record.started_at, record.finished_at, error, detail,
+        )  # fmt: skip
+        if state is not None:
+            state.last_event = event
+        outcome = record.outcome
+        if outcome is Outcome.FAILED:
+            level, message = _ERROR, f"run failed: {record.error}"
+        elif outcome is Outcome.SUCCEEDED:
+            level, message = _DEBUG, f"run succeeded in {event.duration}"
+        elif outcome is Outcome.SKIPPED_OVERLAP:
+            level, message = _INFO, f"skipped: {detail}"
+        else:
+            level, message = _WARNING, f"{outcome.value}" + (f": {detail}" if detail else "")
+        self.observer.log(
+            level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
+        )
+        if self.observer.listeners and (notify_timeout or outcome is not Outcome.TIMED_OUT):
+            self.observer.notify(_LISTENER_HOOK[outcome], event)
+
+    def _notify_lock_error(self, ticks: list[Tick], exc: Exception) -> None:
+        if self.observer.listeners:
+            for tick in ticks:
+                event = RunEvent(tick.job, tick.scheduled_at, self.replica_id, error=exc)
+                self.observer.notify("on_lock_error", event)
+
+    def _queue_release(self, record: RunRecord, unlock: bool, state: JobState | None) -> None:
+        self._releases.append((record, unlock, state))
+        if len(self._releases) == 1:
+            self._spawn(self._flush_releases())
+
+    async def _flush_releases(self) -> None:
+        while self._releases:
+            batch, self._releases = self._releases, []
+            for record, unlock, state in batch:
+                try:
+                    await self.backend.release(record, unlock=unlock)
+                except Exception as exc:
+                    self.observer.log(
+                        _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
+                        record.job, record.scheduled_at, record.run_id, exc,
+                    )  # fmt: skip
+                if state is not None:
+                    await self._start_waiting(state)
+
+    async def _start_waiting(self, finished: JobState) -> None:
+        """After a run ends: its job's queued tick, then ticks waiting for a free slot."""
+        if self._state != "running":
+            return
+        pending = finished.pending
+        if pending is not None and finished.running == 0:
+            finished.pending = None
+            if finished.spec.overlap != "allow" and not await self.backend.lock(pending):
+                self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
+            else:
+                locked = Claim(pending.job, pending.scheduled_at, pending.status,
+                               pending.run_id, finished.spec.overlap != "allow")  # fmt: skip
+                self._start(finished, locked)
+        limit = self.max_concurrent_jobs
+        while self._waiting and (limit is None or len(self._active) < limit):
+            state, claim = self._waiting.popleft()
+            self._start(state, claim)
+
+    def _event_of(
+        self, run: _Run, outcome: Outcome | None, finished: datetime | None,
+        error: BaseException | None,
+    ) -> RunEvent:  # fmt: skip
+        claim = run.claim
+        return RunEvent(
+            claim.job, claim.scheduled_at, self.replica_id, claim.run_id, outcome,
+            run.started_at, finished, error,
+        )  # fmt: skip
+
+    def _spawn(self, awaitable: Awaitable[Any]) -> None:
+        assert self._loop is not None
+        task: asyncio.Task[Any] = asyncio.ensure_future(awaitable, loop=self._loop)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,221 @@
+"""The scheduling decision, without I/O: which ticks are due, which were missed, when to wake.
+
+Nothing here reads a clock, sleeps, touches a thread or a backend: every function takes
+``now`` and returns a decision, so it is tested directly with plain datetimes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal, NamedTuple
+
+from .triggers import Trigger
+
+__all__ = [
+    "MAX_ENUMERATED_TICKS",
+    "CatchUp",
+    "Decision",
+    "Planner",
+    "Tick",
+    "catch_up_plan",
+    "overlap_action",
+]
+
+#: How many consecutive missed ticks of one job are enumerated (and recorded) one by one;
+#: past that (a laptop suspended for days with a per-second job) the rest are counted only.
+MAX_ENUMERATED_TICKS = 1000
+_EPSILON = timedelta(microseconds=1)
+
+CatchUp = Literal["latest", "none", "all"]
+OverlapPolicy = Literal["skip", "queue", "allow"]
+
+
+class Tick(NamedTuple):
+    job: str
+    scheduled_at: datetime
+
+
+@dataclass(slots=True)
+class Decision:
+    """What to do at ``now``: run ``due`` (oldest first), record ``missed``, then sleep until
+    ``wake_at`` (``None``: no job has a future tick). ``truncated`` names the jobs that missed
+    more ticks than :data:`MAX_ENUMERATED_TICKS`: only that many are listed."""
+
+    due: list[Tick] = field(default_factory=list)
+    missed: list[Tick] = field(default_factory=list)
+    truncated: set[str] = field(default_factory=set)
+    wake_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class _Entry:
+    trigger: Trigger
+    start_at: datetime | None
+    stop_at: datetime | None
+    next_due: datetime | None
+    generation: int
+
+
+class Planner:
+    """Each job's next tick, in a heap ordered by time.
+
+    Removing or updating a job bumps its generation; stale heap entries are dropped when they
+    surface, so every operation is O(log n).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._heap: list[tuple[datetime, int, str, int]] = []
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, job: str) -> bool:
+        return job in self._entries
+
+    def add(
+        self,
+        job: str,
+        trigger: Trigger,
+        now: datetime,
+        *,
+        start_at: datetime | None = None,
+        stop_at: datetime | None = None,
+        after: datetime | None = None,
+    ) -> datetime | None:
+        """Plan ``job`` from its first tick strictly after ``now`` (or after ``after``, for
+        catch-up), not before ``start_at`` and before ``stop_at``. Replaces an earlier plan."""
+        old = self._entries.get(job)
+        generation = 0 if old is None else old.generation + 1
+        entry = _Entry(trigger, start_at, stop_at, None, generation)
+        self._entries[job] = entry
+        origin = now if after is None else after
+        if start_at is not None and start_at - _EPSILON > origin:
+            origin = start_at - _EPSILON
+        self._set_next(job, entry, entry.trigger.next_after(origin))
+        return entry.next_due
+
+    def remove(self, job: str) -> bool:
+        return self._entries.pop(job, None) is not None
+
+    def next_due(self, job: str) -> datetime | None:
+        entry = self._entries.get(job)
+        return None if entry is None else entry.next_due
+
+    def upcoming(self, job: str, count: int) -> list[datetime]:
+        """The job's next ``count`` planned ticks (within its start/stop window)."""
+        entry = self._entries.get(job)
+        found: list[datetime] = []
+        if entry is None:
+            return found
+        current = entry.next_due
+        while current is not None and len(found) < count:
+            found.append(current)
+            current = self._bounded(entry, entry.trigger.next_after(current))
+        return found
+
+    def wake_at(self) -> datetime | None:
+        self._drop_stale()
+        return self._heap[0][0] if self._heap else None
+
+    def decide(self, now: datetime) -> Decision:
+        """Pop every job due at ``now``; a job with several due ticks runs only the latest
+        and the older ones are missed (coalesced)."""
+        decision = Decision()
+        while True:
+            self._drop_stale()
+            if not self._heap or self._heap[0][0] > now:
+                break
+            _, _, job, _ = heapq.heappop(self._heap)
+            entry = self._entries[job]
+            assert entry.next_due is not None
+            tick, missed, truncated = self._coalesce(entry, entry.next_due, now)
+            decision.missed.extend(Tick(job, t) for t in missed)
+            if truncated:
+                decision.truncated.add(job)
+            if tick is not None:
+                decision.due.append(Tick(job, tick))
+                self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(tick)))
+            else:
+                self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(now)))
+        decision.due.sort(key=lambda t: t.scheduled_at)
+        decision.wake_at = self._heap[0][0] if self._heap else None
+        return decision
+
+    def _coalesce(
+        self, entry: _Entry, first: datetime, now: datetime
+    ) -> tuple[datetime | None, list[datetime], bool]:
+        """(tick to run, older ticks missed, whether more were missed than listed)."""
+        missed: list[datetime] = []
+        tick = first
+        while True:
+            following = self._bounded(entry, entry.trigger.next_after(tick))
+            if following is None or following > now:
+                return tick, missed, False
+            missed.append(tick)
+            if len(missed) >= MAX_ENUMERATED_TICKS:
+                # Too many to list; the due tick is dropped too and planning resumes after now.
+                return None, missed, True
+            tick = following
+
+    def _bounded(self, entry: _Entry, tick: datetime | None) -> datetime | None:
+        if tick is None or (entry.stop_at is not None and tick >= entry.stop_at):
+            return None
+        return tick
+
+    def _set_next(self, job: str, entry: _Entry, tick: datetime | None) -> None:
+        entry.next_due = self._bounded(entry, tick)
+        if entry.next_due is not None:
+            heapq.heappush(self._heap, (entry.next_due, next(self._seq), job, entry.generation))
+
+    def _drop_stale(self) -> None:
+        heap, entries = self._heap, self._entries
+        while heap:
+            due, _, job, generation = heap[0]
+            entry = entries.get(job)
+            if entry is not None and entry.generation == generation and entry.next_due == due:
+                return
+            heapq.heappop(heap)
+
+
+def catch_up_plan(
+    trigger: Trigger,
+    last_tick: datetime,
+    now: datetime,
+    policy: CatchUp,
+    grace: timedelta | None,
+) -> tuple[list[datetime], list[datetime], bool]:
+    """Ticks that fell due in ``(last_tick, now]`` while no replica was up.
+
+    Returns (ticks to run now, ticks to record as missed, whether more fell due than listed).
+    ``latest`` runs the most recent one if it is younger than ``grace`` (``None``: any age),
+    ``all`` runs every one (up to the listing bound), ``none`` runs none.
+    """
+    ticks: list[datetime] = []
+    current = trigger.next_after(last_tick)
+    while current is not None and current <= now and len(ticks) < MAX_ENUMERATED_TICKS:
+        ticks.append(current)
+        current = trigger.next_after(current)
+    unlisted = current is not None and current <= now
+    if not ticks or policy == "none":
+        return [], ticks, unlisted
+    if policy == "all":
+        return ticks, [], unlisted
+    latest = ticks[-1]
+    if unlisted or (grace is not None and now - latest > grace):
+        return [], ticks, unlisted
+    return [latest], ticks[:-1], unlisted
+
+
+Action = Literal["run", "skip", "queue"]
+
+
+def overlap_action(policy: OverlapPolicy, running_here: int) -> Action:
+    """What to do with a tick of a job that has ``running_here`` runs in this process."""
+    if running_here == 0 or policy == "allow":
+        return "run"
+    return "skip" if policy == "skip" else "queue"

@@ -1,0 +1,266 @@
+"""The two faces of one engine: ``AsyncScheduler`` for asyncio, ``Scheduler`` for threads."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta, tzinfo
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ._tz import UTC, resolve_zone
+from .backends.base import Backend
+from .backends.memory import MemoryBackend
+from .clock import Clock, SystemClock
+from .engine import ConcurrencyMode, Engine
+from .errors import InvalidJobOptionError, SchedulerClosedError
+from .events import Listener
+from .jobs import Job, build_job_spec
+from .triggers import Trigger
+
+__all__ = ["AsyncScheduler", "Scheduler"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_DEFAULT_WORKERS = 8
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _JobsAPI:
+    """Registration and inspection, shared verbatim by both faces (thread-safe)."""
+
+    _engine: Engine
+
+    def __init__(
+        self,
+        *,
+        timezone: str | tzinfo = "UTC",
+        clock: Clock | None = None,
+        backend: Backend | None = None,
+        replica_id: str | None = None,
+        max_concurrent_jobs: int | None = None,
+        concurrency_mode: ConcurrencyMode = "queue",
+        stop_timeout: float = 30.0,
+        listeners: Sequence[Listener] = (),
+        max_workers: int = _DEFAULT_WORKERS,
+    ) -> None:
+        zone = resolve_zone(timezone)
+        if max_concurrent_jobs is not None and (
+            isinstance(max_concurrent_jobs, bool)
+            or not isinstance(max_concurrent_jobs, int)
+            or max_concurrent_jobs < 1
+        ):
+            raise InvalidJobOptionError(
+                f"max_concurrent_jobs must be a whole number of at least 1, "
+                f"not {max_concurrent_jobs!r}"
+            )
+        if concurrency_mode not in ("queue", "skip"):
+            raise InvalidJobOptionError(
+                f"concurrency_mode must be 'queue' or 'skip', not {concurrency_mode!r}"
+            )
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise InvalidJobOptionError(f"max_workers must be at least 1, not {max_workers!r}")
+        if (
+            isinstance(stop_timeout, bool)
+            or not isinstance(stop_timeout, int | float)
+            or (stop_timeout < 0)
+        ):
+            raise InvalidJobOptionError(f"stop_timeout must be >= 0 seconds, not {stop_timeout!r}")
+        for listener in listeners:
+            if not isinstance(listener, Listener):
+                raise InvalidJobOptionError(
+                    f"listeners must be replicron.Listener instances, not {listener!r}"
+                )
+        self._engine = Engine(
+            clock=SystemClock() if clock is None else clock,
+            backend=MemoryBackend() if backend is None else backend,
+            timezone=UTC if zone is None else zone,
+            replica_id=default_replica_id() if replica_id is None else replica_id,
+            max_concurrent_jobs=max_concurrent_jobs,
+            concurrency_mode=concurrency_mode,
+            stop_timeout=float(stop_timeout),
+            listeners=list(listeners),
+            max_workers=max_workers,
+        )
+
+    @property
+    def replica_id(self) -> str:
+        return self._engine.replica_id
+
+    @property
+    def clock(self) -> Clock:
+        return self._engine.clock
+
+    @property
+    def running(self) -> bool:
+        return self._engine.running
+
+    def add_job(
+        self,
+        trigger: Trigger,
+        func: Callable[..., Any],
+        /,
+        *args: Any,
+        name: str | None = None,
+        tags: Iterable[str] | str = (),
+        overlap: str = "skip",
+        timeout: timedelta | float | None = None,
+        start_at: datetime | None = None,
+        stop_at: datetime | None = None,
+        max_runs: int | None = None,
+        catch_up: str = "latest",
+        misfire_grace: timedelta | float | None = None,
+        **kwargs: Any,
+    ) -> Job:
+        """Register ``func(*args, **kwargs)`` to run at each tick of ``trigger``.
+
+        Everything is checked here, never at first fire: the trigger, the options and the
+        argument list (bound against ``func``'s signature). The name defaults to the
+        function's module and qualified name and must be unique in the scheduler; it is the
+        job's identity across replicas.
+        """
+        spec = build_job_spec(
+            trigger, func, args, kwargs, name=name, tags=tags, overlap=overlap,
+            timeout=timeout, start_at=start_at, stop_at=stop_at, max_runs=max_runs,
+            catch_up=catch_up, misfire_grace=misfire_grace, default_tz=self._engine.timezone,
+        )  # fmt: skip
+        return self._engine.add_job(spec)
+
+    def job(self, trigger: Trigger, /, *args: Any, **options: Any) -> Callable[[F], F]:
+        """Decorator form of :meth:`add_job`; returns the function unchanged."""
+
+        def register(func: F) -> F:
+            self.add_job(trigger, func, *args, **options)
+            return func
+
+        return register
+
+    def remove_job(self, name: str) -> None:
+        self._engine.remove_job(name)
+
+    def remove_by_tag(self, tag: str) -> list[str]:
+        """Remove every job with ``tag``; returns their names."""
+        return self._engine.remove_by_tag(tag)
+
+    def jobs(self) -> list[Job]:
+        return self._engine.jobs()
+
+    def get_job(self, name: str) -> Job:
+        return self._engine.get_job(name)
+
+
+class AsyncScheduler(_JobsAPI):
+    """The scheduler for asyncio services; runs on the caller's event loop.
+
+    ``async with AsyncScheduler() as s: ...`` fits a FastAPI lifespan.
+    """
+
+    async def start(self) -> None:
+        await self._engine.start()
+
+    async def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default
+        ``stop_timeout``), cancel or signal the rest, release every lock. Idempotent."""
+        await self._engine.stop(wait, timeout)
+
+    async def __aenter__(self) -> AsyncScheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+
+class Scheduler(_JobsAPI):
+    """The scheduler for threaded code: the engine runs on its own background thread."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._life = threading.Lock()
+
+    def start(self) -> None:
+        with self._life:
+            self._engine.check_usable()
+            if self._thread is not None:
+                raise SchedulerClosedError("a scheduler can be started once")
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+            failure: list[BaseException] = []
+            self._thread = threading.Thread(
+                target=self._serve,
+                args=(loop, started, failure),
+                name=f"replicron-loop-{self.replica_id}",
+                daemon=True,
+            )
+            self._thread.start()
+            started.wait()
+            if failure:
+                self._thread.join()
+                raise failure[0]
+            self._loop = loop
+
+    def _serve(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        started: threading.Event,
+        failure: list[BaseException],
+    ) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._engine.start())
+        except BaseException as exc:
+            failure.append(exc)
+            loop.close()
+            started.set()
+            return
+        started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default
+        ``stop_timeout``), signal the rest, release every lock. Idempotent; nothing starts
+        after it returns."""
+        with self._life:
+            loop, thread = self._loop, self._thread
+            if loop is None or thread is None:
+                self._engine.close_unstarted()
+                return
+            if threading.current_thread() is thread:
+                # Called from a listener or async job on the engine's own loop: it cannot wait
+                # for itself, so the stop goes ahead in the background.
+                task = loop.create_task(self._engine.stop(wait, timeout))
+                task.add_done_callback(lambda _: loop.stop())
+                return
+            if not loop.is_closed():
+                future = asyncio.run_coroutine_threadsafe(self._engine.stop(wait, timeout), loop)
+                future.result()
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+
+    def __enter__(self) -> Scheduler:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
