@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
+
+from replicron import Listener, Outcome, RunEvent
 
 
 def z(
@@ -16,3 +22,73 @@ def z(
 ) -> datetime:
     """An instant in UTC, written as its calendar fields (the way expectations read best)."""
     return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
+
+
+class Recorder(Listener):
+    """A listener that keeps every event and lets a test wait for some, without sleeping."""
+
+    HOOKS = (
+        "before_run",
+        "after_success",
+        "after_failure",
+        "on_timeout",
+        "on_skipped",
+        "on_missed",
+        "on_abandoned",
+        "on_lock_error",
+    )
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, RunEvent]] = []
+        self._cond = threading.Condition()
+        self._async_waiters: list[
+            tuple[Callable[[], bool], asyncio.AbstractEventLoop, asyncio.Future[None]]
+        ] = []
+        for hook in self.HOOKS:
+            setattr(self, hook, functools.partial(self._record, hook))
+
+    def _record(self, hook: str, event: RunEvent) -> None:
+        with self._cond:
+            self.events.append((hook, event))
+            self._cond.notify_all()
+            ready = [w for w in self._async_waiters if w[0]()]
+            self._async_waiters = [w for w in self._async_waiters if w not in ready]
+        for _, loop, future in ready:
+            loop.call_soon_threadsafe(_set_done, future)
+
+    def of(self, hook: str, job: str | None = None) -> list[RunEvent]:
+        with self._cond:
+            return [e for h, e in self.events if h == hook and (job is None or e.job == job)]
+
+    def outcomes(self, job: str | None = None) -> list[tuple[datetime, Outcome]]:
+        """(tick, outcome) of every tick's outcome, in the order they were reported."""
+        with self._cond:
+            return [
+                (e.scheduled_at, e.outcome)
+                for _, e in self.events
+                if e.outcome is not None and (job is None or e.job == job)
+            ]
+
+    def wait(self, predicate: Callable[[Recorder], bool], timeout: float = 10.0) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: predicate(self), timeout):
+                raise AssertionError(f"timed out waiting; events so far: {self.events}")
+
+    def wait_count(self, hook: str, count: int, job: str | None = None) -> list[RunEvent]:
+        self.wait(lambda r: len(r.of(hook, job)) >= count)
+        return self.of(hook, job)
+
+    async def await_count(self, hook: str, count: int, job: str | None = None) -> list[RunEvent]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if len(self.of(hook, job)) >= count:
+                return self.of(hook, job)
+            self._async_waiters.append((lambda: len(self.of(hook, job)) >= count, loop, future))
+        await asyncio.wait_for(future, 10)
+        return self.of(hook, job)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

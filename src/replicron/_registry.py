@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import os
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ class JobState:
     running: int = 0
     runs_started: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
+    backlog: deque[datetime] = field(default_factory=deque)  # catch_up="all", run in turn
     last_event: RunEvent | None = None
 
 

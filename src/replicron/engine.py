@@ -82,6 +82,9 @@ class Engine(JobRegistry):
         self.max_workers = max_workers
         super().__init__()
         self._idle: asyncio.Event | None = None
+        self._quiet_changed: asyncio.Event | None = None
+        self._asleep = False
+        self._asleep_until: datetime | None = None
         self._main: asyncio.Task[None] | None = None
         self._stopped: asyncio.Future[None] | None = None
         self._workers: WorkerPool | None = None
@@ -102,6 +105,7 @@ class Engine(JobRegistry):
         self._loop = asyncio.get_running_loop()
         self._pid = os.getpid()
         self._wake, self._idle = asyncio.Event(), asyncio.Event()
+        self._quiet_changed = asyncio.Event()
         self._idle.set()
         self._stopped = self._loop.create_future()
         await self.backend.open(self.replica_id)
@@ -206,16 +210,43 @@ class Engine(JobRegistry):
         assert self._wake is not None
         if self._wake.is_set() or (until is not None and until <= self.clock.now()):
             return
-        if until is None:
-            await self._wake.wait()
-            return
-        sleeper = asyncio.ensure_future(self.clock.asleep_until(until))
-        waker = asyncio.ensure_future(self._wake.wait())
+        self._asleep, self._asleep_until = True, until
+        self._quiet_may_have_changed()
         try:
-            await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+            if until is None:
+                await self._wake.wait()
+                return
+            sleeper = asyncio.ensure_future(self.clock.asleep_until(until))
+            waker = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait((sleeper, waker), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
         finally:
-            sleeper.cancel()
-            waker.cancel()
+            self._asleep = False
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is left to do at the clock's current time: every due tick
+        handled, no run active or waiting, every outcome recorded."""
+        assert self._quiet_changed is not None
+        while not self._is_quiet():
+            self._quiet_changed.clear()
+            await self._quiet_changed.wait()
+
+    def _is_quiet(self) -> bool:
+        if self._state != "running":
+            return True
+        assert self._wake is not None
+        if not self._asleep or self._wake.is_set():
+            return False
+        if self._asleep_until is not None and self._asleep_until <= self.clock.now():
+            return False
+        return not (self._active or self._waiting or self._releases or self._tasks)
+
+    def _quiet_may_have_changed(self, *_: object) -> None:
+        if self._quiet_changed is not None:
+            self._quiet_changed.set()
 
     async def _catch_up(self, names: list[str], now: datetime) -> list[Tick]:
         runs: list[Tick] = []
@@ -228,7 +259,10 @@ class Engine(JobRegistry):
             due, missed, truncated = catch_up_plan(
                 spec.trigger, last, now, spec.catch_up, spec.misfire_grace
             )
-            runs.extend(Tick(name, t) for t in due)
+            if due:
+                # Catch-up runs go one after another, whatever the overlap policy.
+                runs.append(Tick(name, due[0]))
+                state.backlog.extend(due[1:])
             if missed:
                 await self._record_missed(
                     [Tick(name, t) for t in missed], {name} if truncated else set()
@@ -363,7 +397,7 @@ class Engine(JobRegistry):
             )
             if self.observer.listeners:
                 self.observer.notify(
-                    "on_timeout", self._event_of(run, Outcome.TIMED_OUT, now, None)
+                    "on_timeout", self._event_of(run, Outcome.TIMED_OUT, None, None)
                 )
 
     def _finish(self, run: _Run, error: BaseException | None, finished: datetime) -> None:
@@ -393,6 +427,7 @@ class Engine(JobRegistry):
         self._queue_release(record, run.claim.locked, state)
         if not self._active and self._idle is not None:
             self._idle.set()
+        self._quiet_may_have_changed()
 
     # ---- outcomes ----------------------------------------------------------------------
 
@@ -479,6 +514,10 @@ class Engine(JobRegistry):
                 locked = Claim(pending.job, pending.scheduled_at, pending.status,
                                pending.run_id, finished.spec.overlap != "allow")  # fmt: skip
                 self._start(finished, locked)
+        if finished.backlog and finished.running == 0:
+            with self._lock:
+                self._immediate.append(Tick(finished.spec.name, finished.backlog.popleft()))
+            self._poke()
         limit = self.max_concurrent_jobs
         while self._waiting and (limit is None or len(self._active) < limit):
             state, claim = self._waiting.popleft()
@@ -499,3 +538,4 @@ class Engine(JobRegistry):
         task: asyncio.Task[Any] = asyncio.ensure_future(awaitable, loop=self._loop)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._quiet_may_have_changed)

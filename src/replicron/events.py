@@ -71,8 +71,9 @@ class Listener:
         """A run raised; ``event.error`` is the exception."""
 
     def on_timeout(self, event: RunEvent) -> Any:
-        """A run passed its timeout and was cancelled or signalled. Called at the deadline; a
-        sync run that keeps going reports ``timed_out`` again when it finally returns."""
+        """A run passed its timeout: called once, at the deadline, when the run is cancelled
+        (async) or signalled through its cancel event (sync; ``finished_at`` is ``None`` as
+        the thread may go on; its overrun is logged when it returns)."""
 
     def on_skipped(self, event: RunEvent) -> Any:
         """A tick was not run because of the overlap policy or the concurrency limit."""

@@ -168,6 +168,12 @@ class AsyncScheduler(_JobsAPI):
         ``stop_timeout``), cancel or signal the rest, release every lock. Idempotent."""
         await self._engine.stop(wait, timeout)
 
+    async def wait_idle(self) -> None:
+        """Wait until nothing is left to do at the clock's current time: every due tick
+        handled, no run active or waiting, every outcome recorded. Meant for tests that drive
+        a :class:`~replicron.testing.FakeClock`; wrap it in ``asyncio.timeout`` as needed."""
+        await self._engine.wait_idle()
+
     async def __aenter__(self) -> AsyncScheduler:
         await self.start()
         return self
@@ -252,6 +258,20 @@ class Scheduler(_JobsAPI):
                 future.result()
                 loop.call_soon_threadsafe(loop.stop)
             thread.join()
+
+    def wait_idle(self, timeout: float | None = 10.0) -> None:
+        """Block until nothing is left to do at the clock's current time: every due tick
+        handled, no run active or waiting, every outcome recorded. Meant for tests that drive
+        a :class:`~replicron.testing.FakeClock`; raises ``TimeoutError`` after ``timeout``."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._engine.wait_idle(), loop)
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def __enter__(self) -> Scheduler:
         self.start()

@@ -1,0 +1,431 @@
+"""The thread-facing Scheduler, driven by a FakeClock: runs, context, jobs, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+import replicron
+from replicron import (
+    DuplicateJobError,
+    InvalidJobArgumentsError,
+    InvalidJobNameError,
+    InvalidJobOptionError,
+    JobNotFoundError,
+    NoCurrentRunError,
+    Outcome,
+    Scheduler,
+    SchedulerClosedError,
+    cron,
+    current_run,
+    every,
+    once,
+)
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, z
+
+START = z(2026, 1, 1)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def scheduler(clock: FakeClock, recorder: Recorder) -> Iterator[Scheduler]:
+    s = Scheduler(clock=clock, listeners=[recorder], replica_id="r1")
+    s.start()
+    yield s
+    s.shutdown()
+
+
+def step(clock: FakeClock, to: datetime) -> None:
+    """Wait until the engine sleeps, then move the clock to ``to``."""
+    assert clock.wait_for_sleepers(1)
+    clock.set(to)
+
+
+def noop() -> None:
+    pass
+
+
+def test_runs_each_tick_with_its_arguments_and_context(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    seen: list[tuple[int, str, datetime, int | None, str, datetime | None]] = []
+
+    def task(a: int, *, b: str) -> None:
+        run = current_run()
+        seen.append((a, b, run.scheduled_at, run.run_id, run.replica_id, run.deadline))
+
+    scheduler.add_job(every(seconds=10), task, 1, b="x", name="t")
+    for second in (10, 20, 30):
+        step(clock, START + timedelta(seconds=second))
+        recorder.wait_count("after_success", second // 10)
+    assert seen == [
+        (1, "x", START + timedelta(seconds=10), 1, "r1", None),
+        (1, "x", START + timedelta(seconds=20), 2, "r1", None),
+        (1, "x", START + timedelta(seconds=30), 3, "r1", None),
+    ]
+    events = recorder.of("after_success")
+    assert [e.lateness for e in events] == [timedelta(0)] * 3
+    assert len(recorder.of("before_run")) == 3
+    assert scheduler.get_job("t").last_run == events[-1]
+    assert events[-1].outcome is Outcome.SUCCEEDED
+
+
+def test_async_function_runs_on_the_engine_loop(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def task() -> None:
+        loops.append(asyncio.get_running_loop())
+        assert current_run().job_name == "a"
+
+    scheduler.add_job(cron("* * * * *"), task, name="a")
+    step(clock, START + timedelta(minutes=1))
+    recorder.wait_count("after_success", 1)
+    assert len(loops) == 1
+    assert recorder.outcomes() == [(START + timedelta(minutes=1), Outcome.SUCCEEDED)]
+
+
+def test_current_run_outside_a_run() -> None:
+    with pytest.raises(NoCurrentRunError):
+        current_run()
+
+
+def test_failure_is_recorded_logged_and_the_schedule_goes_on(
+    scheduler: Scheduler,
+    clock: FakeClock,
+    recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+
+    caplog.set_level(logging.ERROR, logger="replicron")
+    scheduler.add_job(every(seconds=5), flaky, name="flaky")
+    step(clock, START + timedelta(seconds=5))
+    failure = recorder.wait_count("after_failure", 1)[0]
+    assert isinstance(failure.error, RuntimeError)
+    step(clock, START + timedelta(seconds=10))
+    recorder.wait_count("after_success", 1)
+    assert recorder.outcomes("flaky") == [
+        (START + timedelta(seconds=5), Outcome.FAILED),
+        (START + timedelta(seconds=10), Outcome.SUCCEEDED),
+    ]
+    [record] = [r for r in caplog.records if getattr(r, "event", None) == "failed"]
+    assert record.exc_info is not None
+    assert "boom" in str(record.exc_info[1])
+    assert record.job == "flaky"  # type: ignore[attr-defined]
+    assert record.tick == (START + timedelta(seconds=5)).isoformat()  # type: ignore[attr-defined]
+    assert record.replica == "r1"  # type: ignore[attr-defined]
+
+
+def test_a_failing_listener_is_logged_and_changes_nothing(
+    clock: FakeClock, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken(replicron.Listener):
+        def before_run(self, event: replicron.RunEvent) -> None:
+            raise ValueError("listener bug")
+
+        async def after_success(self, event: replicron.RunEvent) -> None:
+            raise ValueError("async listener bug")
+
+    caplog.set_level(logging.ERROR, logger="replicron")
+    with Scheduler(clock=clock, listeners=[Broken(), recorder]) as s:
+        s.add_job(every(seconds=1), noop, name="n")
+        step(clock, START + timedelta(seconds=1))
+        recorder.wait_count("after_success", 1)
+        step(clock, START + timedelta(seconds=2))
+        recorder.wait_count("after_success", 2)
+    messages = [r.getMessage() for r in caplog.records if r.event == "listener_failed"]  # type: ignore[attr-defined]
+    assert any("listener bug" in m for m in messages)
+    assert any("async listener bug" in m for m in messages)
+
+
+def test_registration_errors_name_the_job(scheduler: Scheduler) -> None:
+    def task(a: int, b: int = 2) -> None:
+        pass
+
+    with pytest.raises(InvalidJobArgumentsError, match="job 'sum': arguments do not fit") as info:
+        scheduler.add_job(every(seconds=1), task, name="sum")
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(InvalidJobArgumentsError, match="unexpected keyword argument 'c'"):
+        scheduler.add_job(every(seconds=1), task, 1, c=3, name="sum")
+    with pytest.raises(InvalidJobNameError, match="pass name="):
+        scheduler.add_job(every(seconds=1), lambda: None)
+    with pytest.raises(InvalidJobOptionError, match="job 'x': overlap must be one of"):
+        scheduler.add_job(every(seconds=1), noop, name="x", overlap="sometimes")
+    with pytest.raises(InvalidJobOptionError, match="job 'x': catch_up"):
+        scheduler.add_job(every(seconds=1), noop, name="x", catch_up="some")
+    with pytest.raises(InvalidJobOptionError, match="job 'x': max_runs"):
+        scheduler.add_job(every(seconds=1), noop, name="x", max_runs=0)
+    with pytest.raises(InvalidJobOptionError, match="job 'x': timeout must be positive"):
+        scheduler.add_job(every(seconds=1), noop, name="x", timeout=0)
+    with pytest.raises(InvalidJobOptionError, match="job 'x': trigger must be a trigger"):
+        scheduler.add_job("*/5 * * * *", noop, name="x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidJobOptionError, match="job 'x': stop_at"):
+        scheduler.add_job(every(seconds=1), noop, name="x", start_at=START, stop_at=START)
+    with pytest.raises(InvalidJobOptionError, match=r"job 'x': start_at .* no time zone"):
+        scheduler.add_job(every(seconds=1), noop, name="x", start_at=datetime(2026, 1, 1))
+    with pytest.raises(InvalidJobOptionError, match="job 'x': tags"):
+        scheduler.add_job(every(seconds=1), noop, name="x", tags=["ok", ""])
+    with pytest.raises(InvalidJobOptionError, match="must be callable"):
+        scheduler.add_job(every(seconds=1), "noop", name="x")  # type: ignore[arg-type]
+    scheduler.add_job(every(seconds=1), task, 1, name="sum")
+    with pytest.raises(DuplicateJobError, match="'sum' is already registered"):
+        scheduler.add_job(every(seconds=1), task, 1, name="sum")
+    assert [j.name for j in scheduler.jobs()] == ["sum"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_concurrent_jobs": 0}, "max_concurrent_jobs"),
+        ({"concurrency_mode": "drop"}, "concurrency_mode"),
+        ({"max_workers": 0}, "max_workers"),
+        ({"stop_timeout": -1}, "stop_timeout"),
+        ({"listeners": [object()]}, "listeners"),
+    ],
+)
+def test_bad_scheduler_options(options: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidJobOptionError, match=message):
+        Scheduler(**options)
+    with pytest.raises(replicron.InvalidTimezoneError):
+        Scheduler(timezone="Nowhere/Land")
+
+
+def test_default_names_decorator_and_job_handles(scheduler: Scheduler, clock: FakeClock) -> None:
+    job = scheduler.add_job(cron("0 * * * *"), noop)
+    assert job.name == "tests.unit.test_scheduler.noop"
+
+    @scheduler.job(every(minutes=30), tags=["reports", "hourly"])
+    def report() -> None:
+        pass
+
+    assert report.__name__ == "report"  # the decorator returns the function unchanged
+    name = "tests.unit.test_scheduler.test_default_names_decorator_and_job_handles.<locals>.report"
+    handle = scheduler.get_job(name)
+    assert handle.tags == {"reports", "hourly"}
+    assert handle.next_runs(3) == [
+        START + timedelta(minutes=30),
+        START + timedelta(minutes=60),
+        START + timedelta(minutes=90),
+    ]
+    assert job.next_run() == START + timedelta(hours=1)
+    assert scheduler.remove_by_tag("reports") == [name]
+    with pytest.raises(JobNotFoundError):
+        scheduler.get_job(name)
+    job.remove()
+    assert scheduler.jobs() == []
+    with pytest.raises(JobNotFoundError):
+        scheduler.remove_job("nope")
+    with pytest.raises(JobNotFoundError):
+        job.next_run()
+
+
+def test_scheduler_timezone_applies_to_wall_clock_triggers(clock: FakeClock) -> None:
+    with Scheduler(clock=clock, timezone="Europe/Kyiv") as s:
+        local = s.add_job(cron("0 9 * * *"), noop, name="local")
+        pinned = s.add_job(cron("0 9 * * *", tz="UTC"), noop, name="pinned")
+        assert local.next_run() == z(2026, 1, 1, 7)
+        assert pinned.next_run() == z(2026, 1, 1, 9)
+
+
+def test_update_replans_and_validates(scheduler: Scheduler) -> None:
+    job = scheduler.add_job(every(minutes=10), noop, name="u")
+    assert job.next_run() == START + timedelta(minutes=10)
+    job.update(every(minutes=3))
+    assert job.next_run() == START + timedelta(minutes=3)
+    job.update(start_at=START + timedelta(hours=1))
+    assert job.next_run() == START + timedelta(hours=1)
+    assert job.spec.start_at == START + timedelta(hours=1)
+    with pytest.raises(InvalidJobOptionError, match="cannot update colour"):
+        job.update(colour="red")
+    with pytest.raises(InvalidJobOptionError, match="overlap"):
+        job.update(overlap="never")
+    assert job.spec.overlap == "skip"
+
+
+def test_run_now_runs_an_extra_tick_at_the_current_time(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    job = scheduler.add_job(cron("0 0 1 1 *"), noop, name="yearly")
+    clock.set(START + timedelta(minutes=5))
+    job.run_now()
+    recorder.wait_count("after_success", 1)
+    assert recorder.outcomes() == [(START + timedelta(minutes=5), Outcome.SUCCEEDED)]
+    assert job.next_run() == z(2027, 1, 1)
+
+
+def test_late_wake_up_runs_only_the_latest_tick_and_records_the_rest_missed(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    scheduler.add_job(every(seconds=10), noop, name="m")
+    step(clock, START + timedelta(seconds=35))
+    recorder.wait_count("after_success", 1)
+    assert recorder.outcomes() == [
+        (START + timedelta(seconds=10), Outcome.MISSED),
+        (START + timedelta(seconds=20), Outcome.MISSED),
+        (START + timedelta(seconds=30), Outcome.SUCCEEDED),
+    ]
+    assert recorder.of("after_success")[0].lateness == timedelta(seconds=5)
+
+
+def test_start_stop_and_max_runs(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    scheduler.add_job(
+        every(seconds=10), noop, name="window",
+        start_at=START + timedelta(seconds=20), stop_at=START + timedelta(seconds=40),
+    )  # fmt: skip
+    limited = scheduler.add_job(every(seconds=10), noop, name="limited", max_runs=2)
+    for second, successes in ((10, 1), (20, 3), (30, 4)):
+        step(clock, START + timedelta(seconds=second))
+        recorder.wait_count("after_success", successes)
+    # Nothing is planned any more, so the engine waits for a job change, not for the clock.
+    assert clock.next_deadline() is None
+    clock.set(START + timedelta(minutes=5))
+    assert [t for t, _ in recorder.outcomes("window")] == [
+        START + timedelta(seconds=20),
+        START + timedelta(seconds=30),
+    ]
+    assert [t for t, _ in recorder.outcomes("limited")] == [
+        START + timedelta(seconds=10),
+        START + timedelta(seconds=20),
+    ]
+    assert limited.next_run() is None
+    assert scheduler.get_job("window").next_run() is None
+
+
+def test_one_time_job(scheduler: Scheduler, clock: FakeClock, recorder: Recorder) -> None:
+    at = START + timedelta(hours=2)
+    job = scheduler.add_job(once(at, now=START), noop, name="once")
+    step(clock, at + timedelta(minutes=1))
+    recorder.wait_count("after_success", 1)
+    assert recorder.outcomes() == [(at, Outcome.SUCCEEDED)]
+    assert job.next_run() is None
+
+
+def test_shutdown_is_idempotent_and_final(clock: FakeClock, recorder: Recorder) -> None:
+    s = Scheduler(clock=clock, listeners=[recorder])
+    s.start()
+    s.add_job(every(seconds=1), noop, name="n")
+    step(clock, START + timedelta(seconds=1))
+    recorder.wait_count("after_success", 1)
+    s.shutdown()
+    s.shutdown()
+    assert not s.running
+    clock.advance(timedelta(hours=1))
+    assert len(recorder.of("after_success")) == 1
+    with pytest.raises(SchedulerClosedError):
+        s.add_job(every(seconds=1), noop, name="late")
+    with pytest.raises(SchedulerClosedError):
+        s.start()
+
+
+def test_shutdown_before_start_and_context_manager(clock: FakeClock) -> None:
+    s = Scheduler(clock=clock)
+    s.shutdown()
+    with pytest.raises(SchedulerClosedError):
+        s.start()
+    with Scheduler(clock=clock) as t:
+        assert t.running
+    assert not t.running
+
+
+def test_shutdown_waits_for_a_running_task(clock: FakeClock, recorder: Recorder) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        started.set()
+        release.wait(10)
+
+    s = Scheduler(clock=clock, listeners=[recorder])
+    s.start()
+    s.add_job(every(seconds=1), slow, name="slow")
+    step(clock, START + timedelta(seconds=1))
+    assert started.wait(10)
+    done = threading.Event()
+
+    def stop() -> None:
+        s.shutdown()
+        done.set()
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    assert not done.wait(0.2)  # still waiting for the task
+    release.set()
+    stopper.join(10)
+    assert done.is_set()
+    assert recorder.outcomes() == [(START + timedelta(seconds=1), Outcome.SUCCEEDED)]
+
+
+def test_shutdown_timeout_signals_sync_and_cancels_async_runs(
+    clock: FakeClock, recorder: Recorder
+) -> None:
+    seen_cancel = threading.Event()
+    async_cancelled = threading.Event()
+
+    def stubborn() -> None:
+        current_run().cancelled.wait(10)
+        seen_cancel.set()
+
+    async def sleeper() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            async_cancelled.set()
+            raise
+
+    s = Scheduler(clock=clock, listeners=[recorder], stop_timeout=0.05)
+    s.start()
+    s.add_job(every(seconds=1), stubborn, name="sync")
+    s.add_job(every(seconds=1), sleeper, name="async")
+    step(clock, START + timedelta(seconds=1))
+    recorder.wait_count("before_run", 2)
+    s.shutdown()
+    assert seen_cancel.is_set()
+    assert async_cancelled.is_set()
+    assert sorted(recorder.outcomes(), key=str) == [
+        (START + timedelta(seconds=1), Outcome.ABANDONED),
+        (START + timedelta(seconds=1), Outcome.ABANDONED),
+    ]
+
+
+def test_forked_child_refuses_to_use_a_started_scheduler(scheduler: Scheduler) -> None:
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what add_job raised, then leave at once
+        try:
+            scheduler.add_job(every(seconds=1), noop, name="child")
+            message = "no error"
+        except replicron.ForkedSchedulerError as exc:
+            message = str(exc)
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reported = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert "cannot be used in forked process" in reported
+    assert "start schedulers after forking" in reported

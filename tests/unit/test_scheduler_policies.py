@@ -1,0 +1,306 @@
+"""Overlap policies, the concurrency limit, timeouts, replicas sharing a backend, catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from replicron import (
+    MemoryBackend,
+    MemoryState,
+    Outcome,
+    Scheduler,
+    current_run,
+    every,
+)
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, z
+
+START = z(2026, 1, 1)
+T = [START + timedelta(seconds=10 * k) for k in range(20)]  # T[k]: tick k of every(10 s)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def step(clock: FakeClock, to: datetime) -> None:
+    assert clock.wait_for_sleepers(1)
+    clock.set(to)
+
+
+class Gate:
+    """A task that blocks until released, and counts how many run at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+        self.started: list[datetime] = []
+        self.entered = threading.Condition(self.lock)
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.started.append(current_run().scheduled_at)
+            self.entered.notify_all()
+        self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+
+    def wait_started(self, count: int) -> None:
+        with self.lock:
+            assert self.entered.wait_for(lambda: len(self.started) >= count, 10)
+
+
+@pytest.fixture
+def make() -> Iterator[Callable[..., Scheduler]]:
+    made: list[Scheduler] = []
+
+    def build(**options: object) -> Scheduler:
+        s = Scheduler(**options)
+        s.start()
+        made.append(s)
+        return s
+
+    yield build
+    for s in made:
+        s.shutdown(timeout=5)
+
+
+def test_overlap_skip(make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder) -> None:
+    gate = Gate()
+    make(clock=clock, listeners=[recorder]).add_job(every(seconds=10), gate, name="g")
+    step(clock, T[1])
+    gate.wait_started(1)
+    step(clock, T[2])
+    recorder.wait_count("on_skipped", 1)
+    gate.release.set()
+    recorder.wait_count("after_success", 1)
+    step(clock, T[3])
+    recorder.wait_count("after_success", 2)
+    assert recorder.outcomes() == [
+        (T[2], Outcome.SKIPPED_OVERLAP),
+        (T[1], Outcome.SUCCEEDED),
+        (T[3], Outcome.SUCCEEDED),
+    ]
+    assert gate.max_running == 1
+
+
+def test_overlap_queue_keeps_one_waiting_tick(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    gate = Gate()
+    s = make(clock=clock, listeners=[recorder])
+    s.add_job(every(seconds=10), gate, name="q", overlap="queue")
+    step(clock, T[1])
+    gate.wait_started(1)
+    step(clock, T[2])  # queued
+    step(clock, T[3])  # replaces T[2], which is missed
+    recorder.wait_count("on_missed", 1)
+    gate.release.set()
+    gate.wait_started(2)
+    recorder.wait_count("after_success", 2)
+    assert gate.started == [T[1], T[3]]
+    assert recorder.outcomes() == [
+        (T[2], Outcome.MISSED),
+        (T[1], Outcome.SUCCEEDED),
+        (T[3], Outcome.SUCCEEDED),
+    ]
+    assert gate.max_running == 1
+
+
+def test_overlap_allow_runs_concurrently(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    gate = Gate()
+    make(clock=clock, listeners=[recorder]).add_job(
+        every(seconds=10), gate, name="a", overlap="allow"
+    )
+    step(clock, T[1])
+    gate.wait_started(1)
+    step(clock, T[2])
+    gate.wait_started(2)
+    assert gate.max_running == 2
+    gate.release.set()
+    recorder.wait_count("after_success", 2)
+
+
+def test_concurrency_limit_queue(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    gates = [Gate() for _ in range(3)]
+    s = make(clock=clock, listeners=[recorder], max_concurrent_jobs=2)
+    for i, gate in enumerate(gates):
+        s.add_job(every(seconds=10), gate, name=f"j{i}")
+    step(clock, T[1])
+    gates[0].wait_started(1)
+    gates[1].wait_started(1)
+    assert gates[2].started == []
+    gates[0].release.set()
+    gates[2].wait_started(1)  # started once a slot was free
+    assert gates[2].started == [T[1]]
+    gates[1].release.set()
+    gates[2].release.set()
+    recorder.wait_count("after_success", 3)
+
+
+def test_concurrency_limit_skip(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    gates = [Gate() for _ in range(3)]
+    s = make(clock=clock, listeners=[recorder], max_concurrent_jobs=2, concurrency_mode="skip")
+    for i, gate in enumerate(gates):
+        s.add_job(every(seconds=10), gate, name=f"j{i}")
+    step(clock, T[1])
+    skipped = recorder.wait_count("on_skipped", 1)
+    assert [(e.job, e.outcome) for e in skipped] == [("j2", Outcome.SKIPPED_LIMIT)]
+    for gate in gates:
+        gate.release.set()
+    recorder.wait_count("after_success", 2)
+
+
+def test_timeout_cancels_async_runs(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    cancelled = threading.Event()
+
+    async def hang() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    s = make(clock=clock, listeners=[recorder])
+    job = s.add_job(every(seconds=10), hang, name="h", timeout=timedelta(seconds=3))
+    step(clock, T[1])
+    recorder.wait_count("before_run", 1)
+    step(clock, T[1] + timedelta(seconds=3))
+    recorder.wait_count("on_timeout", 1)
+    assert cancelled.wait(10)
+    s.wait_idle()
+    assert job.last_run is not None
+    assert job.last_run.outcome is Outcome.TIMED_OUT
+    assert recorder.outcomes() == [(T[1], Outcome.TIMED_OUT)]
+
+
+def test_timeout_signals_sync_runs_through_the_cancel_event(
+    make: Callable[..., Scheduler],
+    clock: FakeClock,
+    recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[datetime | None] = []
+
+    def polite() -> None:
+        run = current_run()
+        seen.append(run.deadline)
+        assert run.cancelled.wait(10)
+
+    caplog.set_level(logging.WARNING, logger="replicron")
+    s = make(clock=clock, listeners=[recorder])
+    job = s.add_job(every(seconds=10), polite, name="p", timeout=2.5)
+    step(clock, T[1])
+    recorder.wait_count("before_run", 1)
+    step(clock, T[1] + timedelta(seconds=4))
+    recorder.wait_count("on_timeout", 1)
+    s.wait_idle()
+    assert seen == [T[1] + timedelta(seconds=2.5)]
+    assert job.last_run is not None
+    assert job.last_run.outcome is Outcome.TIMED_OUT
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert "timed_out" in events
+    assert "overrun" in events  # it returned 1.5 s after its deadline
+
+
+def test_replicas_sharing_a_backend_run_each_tick_once(clock: FakeClock) -> None:
+    state = MemoryState()
+    recorders = [Recorder() for _ in range(3)]
+    ran: list[tuple[str, datetime]] = []
+    lock = threading.Lock()
+
+    def task() -> None:
+        run = current_run()
+        with lock:
+            ran.append((run.replica_id, run.scheduled_at))
+
+    replicas = [
+        Scheduler(clock=clock, backend=MemoryBackend(state), replica_id=f"r{i}", listeners=[rec])
+        for i, rec in enumerate(recorders)
+    ]
+    for replica in replicas:
+        replica.start()
+        replica.add_job(every(seconds=10), task, name="shared")
+    try:
+        for k in range(1, 6):
+            clock.set(T[k])
+            for replica in replicas:  # every replica has handled the tick and its release
+                replica.wait_idle()
+    finally:
+        for replica in replicas:
+            replica.shutdown()
+    ticks = [t for _, t in ran]
+    assert sorted(ticks) == T[1:6]
+    assert len({r for r, _ in ran}) >= 1
+    assert state.locks_held() == {}
+    history = state.history("shared")
+    assert sorted(r.scheduled_at for r in history) == T[1:6]
+    assert [r.run_id for r in sorted(history, key=lambda r: r.scheduled_at)] == [1, 2, 3, 4, 5]
+
+
+def test_restart_catches_up_the_latest_missed_tick(clock: FakeClock) -> None:
+    state = MemoryState()
+    first = Recorder()
+    with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[first]) as s:
+        s.add_job(every(seconds=10), lambda: None, name="c")
+        step(clock, T[1])
+        first.wait_count("after_success", 1)
+    clock.set(T[4] + timedelta(seconds=5))  # down for ticks 2, 3 and 4
+    second = Recorder()
+    with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[second]) as s:
+        s.add_job(every(seconds=10), lambda: None, name="c")
+        second.wait_count("after_success", 1)
+        assert second.outcomes() == [
+            (T[2], Outcome.MISSED),
+            (T[3], Outcome.MISSED),
+            (T[4], Outcome.SUCCEEDED),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "grace", "expected"),
+    [
+        ("none", None, [Outcome.MISSED, Outcome.MISSED, Outcome.MISSED]),
+        ("all", None, [Outcome.SUCCEEDED, Outcome.SUCCEEDED, Outcome.SUCCEEDED]),
+        ("latest", timedelta(seconds=2), [Outcome.MISSED, Outcome.MISSED, Outcome.MISSED]),
+    ],
+)
+def test_catch_up_policies(
+    clock: FakeClock, policy: str, grace: timedelta | None, expected: list[Outcome]
+) -> None:
+    state = MemoryState()
+    first = Recorder()
+    with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[first]) as s:
+        s.add_job(every(seconds=10), lambda: None, name="c")
+        step(clock, T[1])
+        first.wait_count("after_success", 1)
+    clock.set(T[4] + timedelta(seconds=5))
+    recorder = Recorder()
+    with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[recorder]) as s:
+        s.add_job(every(seconds=10), lambda: None, name="c", catch_up=policy, misfire_grace=grace)
+        recorder.wait(lambda r: len(r.outcomes()) >= 3)
+    assert sorted(recorder.outcomes()) == list(zip(T[2:5], expected, strict=True))
