@@ -14,15 +14,18 @@ from typing import Any, Literal
 from .backends.base import Claim
 from .clock import Clock
 from .errors import (
+    ConfigurationError,
     DuplicateJobError,
     ForkedSchedulerError,
     InvalidJobOptionError,
     JobNotFoundError,
+    PastInstantError,
     SchedulerClosedError,
 )
 from .events import RunEvent
 from .jobs import Job, JobSpec, build_job_spec
 from .planner import Planner, Tick
+from .triggers import OneTimeTrigger
 
 __all__ = ["JobRegistry", "JobState"]
 
@@ -72,7 +75,11 @@ class JobRegistry:
             if spec.name in self._jobs:
                 raise DuplicateJobError(f"a job named {spec.name!r} is already registered")
             state = self._jobs[spec.name] = JobState(spec, Job(self, spec.name))
-            self._plan(state)
+            try:
+                self._plan(state, check=True)
+            except ConfigurationError:
+                del self._jobs[spec.name]
+                raise
             if self._state == "running":
                 self._catch_up_needed.append(spec.name)
         self._poke()
@@ -99,7 +106,7 @@ class JobRegistry:
                 bad = ", ".join(sorted(unknown | ({"name"} & set(options))))
                 raise InvalidJobOptionError(f"job {name!r}: cannot update {bad}")
             fields.update(options)
-            state.spec = build_job_spec(
+            new_spec = build_job_spec(
                 old.trigger if trigger is None else trigger,
                 old.func,
                 old.args,
@@ -107,7 +114,13 @@ class JobRegistry:
                 default_tz=self.timezone,
                 **fields,
             )
-            self._plan(state)
+            state.spec = new_spec
+            try:
+                self._plan(state, check=True)
+            except ConfigurationError:
+                state.spec = old
+                self._plan(state)
+                raise
         self._poke()
 
     def remove_job(self, name: str) -> None:
@@ -159,18 +172,27 @@ class JobRegistry:
             raise JobNotFoundError(f"no job named {name!r}")
         return state
 
-    def _plan(self, state: JobState) -> None:
+    def _plan(self, state: JobState, *, check: bool = False) -> None:
+        """Plan the job from now; with ``check``, refuse a job that could never run."""
         spec = state.spec
         if spec.max_runs is not None and state.runs_started >= spec.max_runs:
             self._planner.remove(spec.name)
             return
-        self._planner.add(
-            spec.name,
-            spec.trigger,
-            self.clock.now(),
-            start_at=spec.start_at,
-            stop_at=spec.stop_at,
+        now = self.clock.now()
+        first = self._planner.add(
+            spec.name, spec.trigger, now, start_at=spec.start_at, stop_at=spec.stop_at
         )
+        if first is None and check:
+            self._planner.remove(spec.name)
+            if isinstance(spec.trigger, OneTimeTrigger):
+                raise PastInstantError(
+                    f"job {spec.name!r}: every one-time instant is at or before now "
+                    f"({now.isoformat()}), so it would never run"
+                )
+            raise InvalidJobOptionError(
+                f"job {spec.name!r} would never run: its trigger has no tick after "
+                f"{now.isoformat()}" + ("" if spec.stop_at is None else " and before stop_at")
+            )
 
     def _poke(self) -> None:
         loop, wake = self._loop, self._wake

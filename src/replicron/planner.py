@@ -21,6 +21,7 @@ __all__ = [
     "Planner",
     "Tick",
     "catch_up_plan",
+    "latest_due",
     "overlap_action",
 ]
 
@@ -156,10 +157,10 @@ class Planner:
             following = self._bounded(entry, entry.trigger.next_after(tick))
             if following is None or following > now:
                 return tick, missed, False
+            if len(missed) == MAX_ENUMERATED_TICKS:
+                latest = latest_due(entry.trigger, following, now)
+                return self._bounded(entry, latest), missed, True
             missed.append(tick)
-            if len(missed) >= MAX_ENUMERATED_TICKS:
-                # Too many to list; the due tick is dropped too and planning resumes after now.
-                return None, missed, True
             tick = following
 
     def _bounded(self, entry: _Entry, tick: datetime | None) -> datetime | None:
@@ -192,7 +193,7 @@ def catch_up_plan(
     """Ticks that fell due in ``(last_tick, now]`` while no replica was up.
 
     Returns (ticks to run now, ticks to record as missed, whether more fell due than listed).
-    ``latest`` runs the most recent one if it is younger than ``grace`` (``None``: any age),
+    ``latest`` runs the most recent one if it is at most ``grace`` old (``None``: any age),
     ``all`` runs every one (up to the listing bound), ``none`` runs none.
     """
     ticks: list[datetime] = []
@@ -200,15 +201,46 @@ def catch_up_plan(
     while current is not None and current <= now and len(ticks) < MAX_ENUMERATED_TICKS:
         ticks.append(current)
         current = trigger.next_after(current)
-    unlisted = current is not None and current <= now
+    truncated = current is not None and current <= now
     if not ticks or policy == "none":
-        return [], ticks, unlisted
+        return [], ticks, truncated
     if policy == "all":
-        return ticks, [], unlisted
-    latest = ticks[-1]
-    if unlisted or (grace is not None and now - latest > grace):
-        return [], ticks, unlisted
-    return [latest], ticks[:-1], unlisted
+        return ticks, [], truncated
+    if truncated:
+        assert current is not None
+        latest = latest_due(trigger, current, now)
+        missed = ticks
+    else:
+        latest, missed = ticks[-1], ticks[:-1]
+    if grace is not None and now - latest > grace:
+        # Too old to run; when truncated, `latest` lies beyond the listed ticks.
+        return [], missed if truncated else ticks, truncated
+    return [latest], missed, truncated
+
+
+def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:
+    """The last tick at or before ``now``, given a tick ``due <= now``.
+
+    Triggers only look forward, so look at windows ``(now - span, now]``: by the suffix
+    property ``next_after(now - span)`` is the window's first tick. The span doubles while the
+    window is empty and shrinks while it holds too many ticks to walk.
+    """
+    span = timedelta(seconds=1)
+    found = due
+    for _ in range(200):
+        start = max(now - span, due - _EPSILON)
+        first = trigger.next_after(start)
+        if first is None or first > now:
+            span *= 2
+            continue
+        found = first
+        for _ in range(MAX_ENUMERATED_TICKS):
+            following = trigger.next_after(found)
+            if following is None or following > now:
+                return found
+            found = following
+        span /= 4  # too many ticks in the window to walk: a narrower one
+    return found
 
 
 Action = Literal["run", "skip", "queue"]

@@ -429,3 +429,17 @@ def test_forked_child_refuses_to_use_a_started_scheduler(scheduler: Scheduler) -
     os.waitpid(pid, 0)
     assert "cannot be used in forked process" in reported
     assert "start schedulers after forking" in reported
+
+
+def test_a_job_that_could_never_run_is_refused(scheduler: Scheduler, clock: FakeClock) -> None:
+    clock.set(START + timedelta(hours=1))
+    with pytest.raises(replicron.PastInstantError, match="job 'late': every one-time instant"):
+        scheduler.add_job(once(START + timedelta(minutes=30), now=START), noop, name="late")
+    with pytest.raises(InvalidJobOptionError, match=r"would never run.*before stop_at"):
+        scheduler.add_job(every(seconds=1), noop, name="over", stop_at=START)
+    assert scheduler.jobs() == []
+    job = scheduler.add_job(every(seconds=1), noop, name="ok")
+    with pytest.raises(InvalidJobOptionError, match="would never run"):
+        job.update(stop_at=START)
+    assert job.spec.stop_at is None
+    assert job.next_run() == START + timedelta(hours=1, seconds=1)
