@@ -92,3 +92,10 @@ class Recorder(Listener):
 def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def assert_no_tasks_left() -> None:
+    """No asyncio task but the caller's is left on the running loop."""
+    current = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    assert not left, f"tasks left running: {left}"

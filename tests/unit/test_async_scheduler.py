@@ -19,7 +19,7 @@ from replicron import (
     every,
 )
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, z
+from tests.helpers import Recorder, assert_no_tasks_left, z
 
 START = z(2026, 1, 1)
 
@@ -57,6 +57,7 @@ def test_async_context_manager_runs_async_and_sync_jobs() -> None:
             assert str(where["thread"]).startswith("replicron-worker-")
             assert s.running
         assert not s.running
+        assert_no_tasks_left()
         assert sorted((e.job, e.outcome) for e in recorder.of("after_success")) == [
             ("a", Outcome.SUCCEEDED),
             ("s", Outcome.SUCCEEDED),
@@ -75,6 +76,7 @@ def test_shutdown_is_idempotent_and_concurrent_calls_agree() -> None:
             s.add_job(every(seconds=1), print, name="p")
         with pytest.raises(SchedulerClosedError):
             await s.start()
+        assert_no_tasks_left()
 
     asyncio.run(main())
 
@@ -97,6 +99,7 @@ def test_shutdown_cancels_async_runs_after_the_timeout() -> None:
         clock.advance(timedelta(seconds=1))
         await recorder.await_count("before_run", 1)
         await s.shutdown(timeout=0.01)
+        assert_no_tasks_left()
         assert cancelled.is_set()
         assert recorder.outcomes() == [(START + timedelta(seconds=1), Outcome.ABANDONED)]
 
@@ -117,6 +120,7 @@ def test_logging_carries_job_tick_and_replica_and_taken_is_debug(
             clock.advance(timedelta(seconds=1))
             await a.wait_idle()
             await b.wait_idle()
+        assert_no_tasks_left()
 
     caplog.set_level(logging.DEBUG, logger="replicron")
     asyncio.run(main())
