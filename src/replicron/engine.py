@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ._observe import Observer
 from ._registry import JobRegistry, JobState
@@ -37,6 +37,7 @@ __all__ = ["Engine"]
 
 _INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
 ConcurrencyMode = Literal["queue", "skip"]
+_T = TypeVar("_T")
 _LISTENER_HOOK = {
     Outcome.SUCCEEDED: "after_success",
     Outcome.FAILED: "after_failure",
@@ -189,22 +190,30 @@ class Engine(JobRegistry):
                 decision = self._planner.decide(now)
                 immediate, self._immediate = self._immediate, []
                 catch_up, self._catch_up_needed = self._catch_up_needed, []
-            try:
-                if catch_up:
-                    immediate.extend(await self._catch_up(catch_up, now))
-                if decision.missed:
-                    await self._record_missed(decision.missed, decision.truncated)
-                if immediate or decision.due:
-                    await self._dispatch(immediate + decision.due)
-            except Exception as exc:  # a backend failure must not stop the scheduler
-                self.observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
-                self._notify_lock_error(immediate + decision.due, exc)
+            # Each step is guarded on its own: a backend failure must not stop the scheduler,
+            # and failing to record a miss must not keep due ticks from running.
+            if catch_up:
+                immediate += await self._guarded(self._catch_up(catch_up, now), [], [])
+            due = immediate + decision.due
+            if due:
+                await self._guarded(self._dispatch(due), None, due)
+            if decision.missed:
+                missed = self._record_missed(decision.missed, decision.truncated)
+                await self._guarded(missed, None, decision.missed)
             self._expire(self.clock.now())
             with self._lock:
                 wake_at = self._planner.wake_at()
             if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
                 wake_at = self._deadlines[0][0]
             await self._sleep(wake_at)
+
+    async def _guarded(self, step: Awaitable[_T], default: _T, ticks: list[Tick]) -> _T:
+        try:
+            return await step
+        except Exception as exc:
+            self.observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
+            self._notify_lock_error(ticks, exc)
+            return default
 
     async def _sleep(self, until: datetime | None) -> None:
         assert self._wake is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -18,6 +18,7 @@ from replicron import (
     current_run,
     every,
 )
+from replicron.backends import Claim, ClaimRequest, RunRecord
 from replicron.testing import FakeClock
 from tests.helpers import Recorder, z
 
@@ -304,3 +305,44 @@ def test_catch_up_policies(
         s.add_job(every(seconds=10), lambda: None, name="c", catch_up=policy, misfire_grace=grace)
         recorder.wait(lambda r: len(r.outcomes()) >= 3)
     assert sorted(recorder.outcomes()) == list(zip(T[2:5], expected, strict=True))
+
+
+class FlakyBackend(MemoryBackend):
+    """The in-process backend with its first claim and first miss record failing, as a
+    network backend's would when its connection drops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_claims = 1
+        self.fail_records = 1
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        if self.fail_claims:
+            self.fail_claims -= 1
+            raise ConnectionError("backend unreachable")
+        return await super().claim(requests)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+        if self.fail_records:
+            self.fail_records -= 1
+            raise ConnectionError("backend unreachable")
+        return await super().record_unclaimed(records)
+
+
+def test_a_backend_failure_is_reported_and_the_schedule_goes_on(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    s = make(clock=clock, listeners=[recorder], backend=FlakyBackend())
+    s.add_job(every(seconds=10), lambda: None, name="f")
+    clock.set(T[1])
+    s.wait_idle()
+    [error] = recorder.of("on_lock_error")
+    assert (error.job, error.scheduled_at) == ("f", T[1])
+    assert isinstance(error.error, ConnectionError)
+    clock.set(T[3] + timedelta(seconds=1))  # T[2] is missed; recording that fails once
+    s.wait_idle()
+    assert recorder.outcomes() == [(T[3], Outcome.SUCCEEDED)]
+    assert [e.scheduled_at for e in recorder.of("on_lock_error")] == [T[1], T[2]]
+    clock.set(T[4])
+    s.wait_idle()
+    assert recorder.outcomes() == [(T[3], Outcome.SUCCEEDED), (T[4], Outcome.SUCCEEDED)]
