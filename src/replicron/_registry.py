@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any, Literal
 
-from .backends.base import Claim
+from .backends.base import Backend, Claim
 from .clock import Clock
 from .errors import (
     ConfigurationError,
@@ -46,6 +46,7 @@ class JobRegistry:
 
     clock: Clock
     timezone: tzinfo
+    backend: Backend
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -74,11 +75,13 @@ class JobRegistry:
         with self._lock:
             if spec.name in self._jobs:
                 raise DuplicateJobError(f"a job named {spec.name!r} is already registered")
+            self.backend.register_job(spec.name)
             state = self._jobs[spec.name] = JobState(spec, Job(self, spec.name))
             try:
                 self._plan(state, check=True)
             except ConfigurationError:
                 del self._jobs[spec.name]
+                self.backend.unregister_job(spec.name)
                 raise
             if self._state == "running":
                 self._catch_up_needed.append(spec.name)
@@ -128,6 +131,7 @@ class JobRegistry:
         with self._lock:
             self._state_of(name)
             del self._jobs[name]
+            self.backend.unregister_job(name)
             self._planner.remove(name)
         self._poke()
 

@@ -109,7 +109,7 @@ class Engine(JobRegistry):
         self._quiet_changed = asyncio.Event()
         self._idle.set()
         self._stopped = self._loop.create_future()
-        await self.backend.open(self.replica_id)
+        await self.backend.open(self.replica_id, self._lock_lost)
         self._workers = WorkerPool(self.max_workers, f"replicron-worker-{self.replica_id}")
         with self._lock:
             self._state = "running"
@@ -408,6 +408,26 @@ class Engine(JobRegistry):
                 self.observer.notify(
                     "on_timeout", self._event_of(run, Outcome.TIMED_OUT, None, None)
                 )
+
+    def _lock_lost(self, run_ids: Sequence[int]) -> None:
+        """The backend lost these runs' locks: they are no longer protected against overlap,
+        so they are told to stop and will be recorded abandoned."""
+        lost = set(run_ids)
+        for run in list(self._active):
+            if run.claim.run_id not in lost or run.finished:
+                continue
+            run.abandoned = True
+            run.ctx.cancelled.set()
+            if run.task is not None:
+                run.task.cancel()
+            claim = run.claim
+            error = ConnectionError("the run's lock was lost with the backend session")
+            self.observer.log(
+                _ERROR, "lock_lost", "lost the run's lock; the run was told to stop",
+                claim.job, claim.scheduled_at, claim.run_id,
+            )  # fmt: skip
+            if self.observer.listeners:
+                self.observer.notify("on_lock_error", self._event_of(run, None, None, error))
 
     def _finish(self, run: _Run, error: BaseException | None, finished: datetime) -> None:
         if run.finished:

@@ -16,7 +16,7 @@ await I/O; the engine batches the claims of ticks due at the same instant into o
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -71,8 +71,18 @@ class RunRecord:
 class Backend(Protocol):
     """What the engine needs from a coordination backend."""
 
-    async def open(self, replica_id: str) -> None:
-        """Connect; called once when a scheduler starts."""
+    def register_job(self, name: str) -> None:
+        """A job of this name was added; raise a ``ConfigurationError`` if the backend cannot
+        keep it apart from the jobs already registered (lock-key collision)."""
+
+    def unregister_job(self, name: str) -> None:
+        """The job was removed."""
+
+    async def open(
+        self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
+    ) -> None:
+        """Connect; called once when a scheduler starts. ``on_lock_lost`` is called (on the
+        scheduler's loop) with the run ids whose locks were lost, e.g. with the session."""
 
     async def close(self) -> None:
         """Release every lock of this replica and disconnect; idempotent."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -62,7 +62,15 @@ class MemoryBackend:
         self.state = MemoryState() if state is None else state
         self.replica_id = ""
 
-    async def open(self, replica_id: str) -> None:
+    def register_job(self, name: str) -> None:
+        pass  # names are the keys here: nothing can collide
+
+    def unregister_job(self, name: str) -> None:
+        pass
+
+    async def open(
+        self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
+    ) -> None:
         self.replica_id = replica_id
 
     async def close(self) -> None:
