@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 
 def _server_dsn() -> str:
@@ -28,10 +28,8 @@ def dsn() -> Iterator[str]:
     name = f"replicron_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    params = conninfo_to_dict(server)
-    params["dbname"] = name
     try:
-        yield make_conninfo(**params)
+        yield make_conninfo(server, dbname=name)
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
