@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from ._locked_async import alocked_run
+from ._locked_result import LockedRun
+from ._locked_sync import locked_run
 from ._session import BackendUnavailableError, TransactionPoolerError
 from .backend import JobStatus, LockKeyCollisionError, PostgresBackend
 from .migrate import migrate
@@ -10,7 +13,10 @@ __all__ = [
     "BackendUnavailableError",
     "JobStatus",
     "LockKeyCollisionError",
+    "LockedRun",
     "PostgresBackend",
     "TransactionPoolerError",
+    "alocked_run",
+    "locked_run",
     "migrate",
 ]

@@ -1,0 +1,87 @@
+"""``alocked_run``: the standalone building block, async flavour (source of the sync one).
+
+``tools/async_to_sync.py`` generates ``_locked_sync.py`` from this file; CI fails when the
+two drift. Edit this file, then run the tool.
+"""
+
+from __future__ import annotations
+
+import inspect  # async-only
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from replicron._aio import shielded  # async-only
+from replicron.keys import job_lock_key
+from replicron.postgres._locked_result import LockedRun
+
+__all__ = ["LockedRun", "alocked_run"]
+
+logger = logging.getLogger("replicron")
+
+ConnectionSource = str | psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool[Any]
+
+
+@asynccontextmanager
+async def _dedicated(source: ConnectionSource) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """One connection for the whole call: the unlock must run on the session that locked."""
+    if isinstance(source, str):
+        async with await psycopg.AsyncConnection.connect(source, autocommit=True) as conn:
+            yield conn
+    elif isinstance(source, psycopg_pool.AsyncConnectionPool):
+        async with source.connection() as conn:
+            yield conn
+    elif isinstance(source, psycopg.AsyncConnection):
+        yield source
+    else:
+        raise TypeError(f"expected a DSN, a connection or a connection pool, not {source!r}")
+
+
+async def _try_lock(conn: psycopg.AsyncConnection[Any], key: int) -> bool:
+    cursor = await conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [key])
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
+async def _unlock(conn: psycopg.AsyncConnection[Any], name: str, key: int) -> bool:
+    cursor = await conn.execute("SELECT pg_advisory_unlock(%s::bigint)", [key])
+    row = await cursor.fetchone()
+    released = bool(row and row[0])
+    if not released:
+        logger.error(
+            "lock of %r (key %s) was not held at unlock: the session was reset or lost",
+            name, key, extra={"event": "lock_error", "job": name},
+        )  # fmt: skip
+    return released
+
+
+async def alocked_run(
+    source: ConnectionSource,
+    name: str,
+    func: Callable[..., Any],
+    /,
+    *args: Any,
+    **kwargs: Any,
+) -> LockedRun:
+    """Run ``func(*args, **kwargs)`` only if no one else holds the lock of ``name``.
+
+    The lock is ``pg_try_advisory_lock(job_lock_key(name))`` on one dedicated connection
+    (from the DSN, the pool, or the connection given), never waited for. The unlock runs on
+    that same connection even when ``func`` raises or the caller is cancelled, and its result
+    is checked. Returns ``LockedRun(ran, value)``.
+    """
+    key = job_lock_key(name)
+    async with _dedicated(source) as conn:
+        if not await _try_lock(conn, key):
+            return LockedRun(False)
+        try:
+            value = func(*args, **kwargs)
+            if inspect.isawaitable(value):  # async-only
+                value = await value  # async-only
+        finally:
+            await shielded(_unlock(conn, name, key))  # sync: _unlock(conn, name, key)
+    return LockedRun(True, value)
