@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from ._dsn import mask_dsn
 from ._tz import UTC, resolve_zone
 from .errors import ReplicronError
 from .triggers import cron, upcoming
@@ -35,7 +38,81 @@ def _build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
     nxt.add_argument("-n", type=int, default=5, help="how many fire times (default 5)")
     nxt.add_argument("--after", help="start after this ISO-8601 time (default now)")
+    for name, text in (
+        ("migrate", "create or upgrade replicron's tables in a PostgreSQL database"),
+        ("status", "show each job's last run, last success, running runs and misses"),
+    ):
+        command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
+        command.add_argument(
+            "--database-url",
+            default=os.environ.get("REPLICRON_DATABASE_URL"),
+            help="PostgreSQL URL (default: $REPLICRON_DATABASE_URL)",
+        )
+        if name == "status":
+            command.add_argument("--namespace", default="", help="job namespace (default none)")
     return parser
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    if not args.database_url:
+        raise ValueError("--database-url (or REPLICRON_DATABASE_URL) is required")
+    return str(args.database_url)
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from .postgres import migrate
+
+    url = _database_url(args)
+    applied = asyncio.run(migrate(url))
+    where = mask_dsn(url)
+    if applied:
+        for name in applied:
+            print(f"applied {name} to {where}")
+    else:
+        print(f"{where} is up to date")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .postgres import PostgresBackend
+
+    async def fetch() -> list[Any]:
+        backend = PostgresBackend(_database_url(args), namespace=args.namespace, migrate=False)
+        await backend.open("replicron-cli")
+        try:
+            return await backend.status()
+        finally:
+            await backend.close()
+
+    rows = asyncio.run(fetch())
+    if not rows:
+        print("no runs recorded")
+        return 0
+    header = ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "LAST SUCCESS", "RUNNING", "MISSED")
+    table = [header]
+    for row in rows:
+        table.append(
+            (
+                row.job,
+                _iso(row.last_scheduled_at),
+                row.last_outcome or "-",
+                row.last_replica or "-",
+                _iso(row.last_success_at),
+                ", ".join(f"{replica}#{run_id}" for replica, run_id in row.running) or "-",
+                str(row.missed),
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    for row in rows:
+        if row.last_error:
+            print(f"{row.job}: last error: {row.last_error}")
+    return 0
+
+
+def _iso(instant: datetime | None) -> str:
+    return "-" if instant is None else instant.astimezone(UTC).isoformat(timespec="seconds")
 
 
 def _cmd_next(args: argparse.Namespace) -> int:
@@ -60,13 +137,22 @@ def _cmd_next(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    commands = {"next": _cmd_next, "migrate": _cmd_migrate, "status": _cmd_status}
     try:
-        if args.command == "next":
-            return _cmd_next(args)
+        return commands[args.command](args)
     except (ReplicronError, ValueError) as exc:
-        print(f"replicron: error: {exc}", file=sys.stderr)
+        print(f"replicron: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    return 2
+    except ImportError as exc:
+        print(f"replicron: error: {exc}: install replicron[postgres]", file=sys.stderr)
+        return 2
+    except Exception as exc:  # psycopg errors and the like: one line, never a password
+        print(f"replicron: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    return mask_dsn(" ".join(str(exc).split()))
 
 
 if __name__ == "__main__":

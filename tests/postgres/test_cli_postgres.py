@@ -1,0 +1,82 @@
+"""`replicron migrate` and `replicron status` against a real database, as real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from replicron import Scheduler, every
+from replicron.postgres import PostgresBackend
+from replicron.testing import FakeClock
+from tests.helpers import z
+
+
+def replicron(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicron.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def with_password(dsn: str, password: str) -> str:
+    params = conninfo_to_dict(dsn)
+    host, port, dbname = params.get("host"), params.get("port", 5432), params.get("dbname")
+    user = params.get("user", "postgres")
+    # trust auth: the password is ignored by the server, but must never be printed.
+    return f"postgresql://{user}:{password}@{host}:{port}/{dbname}"
+
+
+def test_migrate_applies_once_and_masks_the_password(dsn: str) -> None:
+    url = with_password(dsn, "hunter2")
+    first = replicron("migrate", "--database-url", url)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [f"applied 0001_initial to {url.replace('hunter2', '***')}"]
+    again = replicron("migrate", "--database-url", url)
+    assert again.returncode == 0
+    assert again.stdout.strip().endswith("is up to date")
+    assert "hunter2" not in first.stdout + again.stdout + first.stderr + again.stderr
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT version, name FROM replicron_migrations").fetchall() == [
+            (1, "initial")
+        ]
+
+
+def test_status_lists_jobs(dsn: str) -> None:
+    clock = FakeClock(z(2026, 1, 1))
+    with Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="node-1") as s:
+        s.add_job(every(seconds=10), lambda: None, name="ok")
+
+        def broken() -> None:
+            raise RuntimeError("disk full")
+
+        s.add_job(every(seconds=10), broken, name="broken")
+        clock.set(z(2026, 1, 1, 0, 0, 10))
+        s.wait_idle()
+    result = replicron("status", "--database-url", dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "JOB", "LAST", "TICK", "OUTCOME", "REPLICA", "LAST", "SUCCESS", "RUNNING", "MISSED",
+    ]  # fmt: skip
+    assert lines[1].split() == [
+        "broken", "2026-01-01T00:00:10+00:00", "failed", "node-1", "-", "-", "0",
+    ]  # fmt: skip
+    assert lines[2].split()[:4] == ["ok", "2026-01-01T00:00:10+00:00", "succeeded", "node-1"]
+    assert lines[3] == "broken: last error: RuntimeError: disk full"
+
+
+def test_unreachable_database_is_one_line_without_password() -> None:
+    result = replicron("status", "--database-url", "postgresql://u:topsecret@127.0.0.1:1/none")
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert "topsecret" not in result.stderr
+    assert "cannot connect to PostgreSQL" in result.stderr
+    missing = replicron("migrate")
+    assert missing.returncode == 2
+    assert "--database-url" in missing.stderr
