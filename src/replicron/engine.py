@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 from ._observe import Observer
 from ._registry import JobRegistry, JobState
 from ._workers import WorkerPool
-from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from .clock import Clock
 from .context import RunContext, _current
 from .errors import (
@@ -259,9 +259,9 @@ class Engine(JobRegistry):
 
     async def _catch_up(self, names: list[str], now: datetime) -> list[Tick]:
         runs: list[Tick] = []
+        lasts = await self.backend.last_ticks(names)
         for name in names:
-            state = self._jobs.get(name)
-            last = None if state is None else await self.backend.last_tick(name)
+            state, last = self._jobs.get(name), lasts.get(name)
             if state is None or last is None:
                 continue
             spec = state.spec
@@ -519,14 +519,15 @@ class Engine(JobRegistry):
     async def _flush_releases(self) -> None:
         while self._releases:
             batch, self._releases = self._releases, []
-            for record, unlock, state in batch:
-                try:
-                    await self.backend.release(record, unlock=unlock)
-                except Exception as exc:
+            try:
+                await self.backend.release([Release(record, unlock) for record, unlock, _ in batch])
+            except Exception as exc:
+                for record, _, _ in batch:
                     self.observer.log(
                         _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
                         record.job, record.scheduled_at, record.run_id, exc,
                     )  # fmt: skip
+            for _, _, state in batch:
                 if state is not None:
                     await self._start_waiting(state)
 

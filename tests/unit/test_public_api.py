@@ -88,6 +88,7 @@ EXPECTED = {
         "ClaimStatus",
         "MemoryBackend",
         "MemoryState",
+        "Release",
         "RunRecord",
     ],
     "replicron.events": ["Listener", "Outcome", "RunEvent"],

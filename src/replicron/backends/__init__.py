@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from .base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from .memory import MemoryBackend, MemoryState
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "ClaimStatus",
     "MemoryBackend",
     "MemoryState",
+    "Release",
     "RunRecord",
 ]

@@ -6,11 +6,12 @@ A backend answers three questions for the engine:
   succeeds (a unique ``(job, scheduled_at)`` record, never a timing race). A claim may also
   ask for the job's run lock (no overlap); the lock is held until :meth:`Backend.release`.
 * **release**: the run (or non-run) ended with this outcome; record it and drop the lock.
-* **last_tick**: the latest tick of a job anybody recorded, to find ticks missed while no
-  replica was up.
+* **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
+  no replica was up.
 
 Backends never import the engine. All methods are coroutines so that a networked backend can
-await I/O; the engine batches the claims of ticks due at the same instant into one call.
+await I/O; the engine batches the claims of ticks due at the same instant into one call, and
+the releases that pile up while a call is under way into the next.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from replicron.events import Outcome
 
-__all__ = ["Backend", "Claim", "ClaimRequest", "ClaimStatus", "RunRecord"]
+__all__ = ["Backend", "Claim", "ClaimRequest", "ClaimStatus", "Release", "RunRecord"]
 
 
 class ClaimStatus(enum.Enum):
@@ -67,6 +68,12 @@ class RunRecord:
     error: str | None
 
 
+class Release(NamedTuple):
+    record: RunRecord
+    #: Drop the job's run lock (the claim took it).
+    unlock: bool
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the engine needs from a coordination backend."""
@@ -93,12 +100,14 @@ class Backend(Protocol):
     async def lock(self, claim: Claim) -> bool:
         """Take the run lock for an already claimed tick (queued runs); False if held."""
 
-    async def release(self, record: RunRecord, *, unlock: bool) -> None:
-        """Record how a claimed tick ended and, with ``unlock``, drop its job's lock."""
+    async def release(self, releases: Sequence[Release]) -> None:
+        """Record how claimed ticks ended and, where ``unlock`` is set, drop their job's
+        lock."""
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
         """Record outcomes of ticks nobody ran (missed) unless another replica already
         recorded the tick; True where this call recorded it."""
 
-    async def last_tick(self, job: str) -> datetime | None:
-        """The latest tick of ``job`` recorded by anybody, or ``None``."""
+    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+        """The latest tick of each job recorded by anybody (jobs never recorded are left
+        out)."""

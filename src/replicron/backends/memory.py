@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .base import Claim, ClaimRequest, ClaimStatus, RunRecord
+from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
@@ -117,12 +117,13 @@ class MemoryBackend:
             job.lock_holder = (self.replica_id, claim.run_id)
             return True
 
-    async def release(self, record: RunRecord, *, unlock: bool) -> None:
+    async def release(self, releases: Sequence[Release]) -> None:
         with self.state.lock:
-            job = self.state.job(record.job)
-            job.history.append(record)
-            if unlock and job.lock_holder == (self.replica_id, record.run_id):
-                job.lock_holder = None
+            for record, unlock in releases:
+                job = self.state.job(record.job)
+                job.history.append(record)
+                if unlock and job.lock_holder == (self.replica_id, record.run_id):
+                    job.lock_holder = None
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
         done = []
@@ -135,7 +136,9 @@ class MemoryBackend:
                 done.append(taken)
         return done
 
-    async def last_tick(self, job: str) -> datetime | None:
+    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         with self.state.lock:
-            state = self.state.jobs.get(job)
-            return None if state is None else state.last_tick
+            found = {
+                name: self.state.jobs[name].last_tick for name in jobs if name in self.state.jobs
+            }
+        return {name: tick for name, tick in found.items() if tick is not None}

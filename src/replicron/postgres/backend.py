@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from replicron._tz import UTC
-from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, RunRecord
+from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.errors import ConfigurationError
 from replicron.keys import job_lock_key
 
@@ -188,36 +188,40 @@ class PostgresBackend:
             self._held[key] = claim.run_id
         return bool(locked)
 
-    async def release(self, record: RunRecord, *, unlock: bool) -> None:
-        key = self.lock_key(record.job)
-        # Unlock only a lock this session still holds for this run: after a lost session the
-        # lock is gone, and another replica may hold the key now.
-        holds = unlock and self._held.get(key) == record.run_id
+    async def release(self, releases: Sequence[Release]) -> None:
+        unlock_keys, unlocking = [], []
+        for record, unlock in releases:
+            key = self.lock_key(record.job)
+            # Unlock only a lock this session still holds for this run: after a lost session
+            # the lock is gone, and another replica may hold the key now.
+            if unlock and self._held.get(key) == record.run_id:
+                del self._held[key]
+                unlock_keys.append(key)
+                unlocking.append(record.job)
+        records = [record for record, _ in releases]
         [(recorded, unlocked)] = await self._fetch(
             "release",
-            outcome=record.outcome.value,
-            started_at=record.started_at,
-            finished_at=record.finished_at,
-            error=record.error,
-            job=record.job,
-            scheduled_at=record.scheduled_at,
-            unlock=holds,
-            key=key,
+            jobs=[r.job for r in records],
+            ticks=[r.scheduled_at for r in records],
+            outcomes=[r.outcome.value for r in records],
+            started=[r.started_at for r in records],
+            finished=[r.finished_at for r in records],
+            errors=[r.error for r in records],
+            unlock_keys=unlock_keys,
         )
-        if record.run_id is not None:
-            self._open.discard(record.run_id)
-        if holds:
-            del self._held[key]
-            if not unlocked:
+        for record in records:
+            if record.run_id is not None:
+                self._open.discard(record.run_id)
+        for job, key, released in zip(unlocking, unlock_keys, unlocked, strict=True):
+            if not released:
                 logger.error(
-                    "job %r: advisory lock %s was not held at unlock", record.job, key,
-                    extra={"event": "lock_error", "job": record.job, "replica": self.replica_id},
+                    "job %r: advisory lock %s was not held at unlock", job, key,
+                    extra={"event": "lock_error", "job": job, "replica": self.replica_id},
                 )  # fmt: skip
-        if not recorded:
+        if recorded != len(records):
             logger.error(
-                "job %r tick %s: no ledger row to record %s in", record.job,
-                record.scheduled_at.isoformat(), record.outcome.value,
-                extra={"event": "lock_error", "job": record.job, "replica": self.replica_id},
+                "%d of %d outcomes found no ledger row", len(records) - recorded, len(records),
+                extra={"event": "lock_error", "replica": self.replica_id},
             )  # fmt: skip
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
@@ -232,9 +236,9 @@ class PostgresBackend:
         recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
         return [(r.job, r.scheduled_at.astimezone(UTC)) in recorded for r in records]
 
-    async def last_tick(self, job: str) -> datetime | None:
-        [(tick,)] = await self._fetch("last_tick", job=job)
-        return None if tick is None else tick.astimezone(UTC)
+    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+        rows = await self._fetch("last_ticks", jobs=list(jobs))
+        return {job: tick.astimezone(UTC) for job, tick in rows}
 
     # ---- status and housekeeping ---------------------------------------------------------
 

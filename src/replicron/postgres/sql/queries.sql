@@ -57,16 +57,28 @@ WITH attempt AS MATERIALIZED (
 SELECT locked FROM attempt;
 
 -- name: release
--- Record how a tick ended and drop the job's lock, in one round trip.
-WITH recorded AS (
-    UPDATE replicron_runs
-    SET outcome = %(outcome)s, started_at = coalesce(started_at, %(started_at)s),
-        finished_at = coalesce(%(finished_at)s, now()), error = %(error)s, heartbeat_at = NULL
-    WHERE namespace = %(namespace)s AND job = %(job)s AND scheduled_at = %(scheduled_at)s
-    RETURNING run_id
+-- Record how a batch of claimed ticks ended and drop their jobs' locks, in one round trip.
+WITH ended AS MATERIALIZED (
+    SELECT *
+    FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[],
+                %(started)s::timestamptz[], %(finished)s::timestamptz[], %(errors)s::text[])
+        AS e(job, scheduled_at, outcome, started_at, finished_at, error)
+), recorded AS (
+    UPDATE replicron_runs run
+    SET outcome = ended.outcome,
+        started_at = coalesce(run.started_at, ended.started_at),
+        finished_at = coalesce(ended.finished_at, now()),
+        error = ended.error,
+        heartbeat_at = NULL
+    FROM ended
+    WHERE run.namespace = %(namespace)s AND run.job = ended.job
+      AND run.scheduled_at = ended.scheduled_at
+    RETURNING run.job
 )
 SELECT (SELECT count(*) FROM recorded) AS recorded,
-       CASE WHEN %(unlock)s THEN pg_advisory_unlock(%(key)s::bigint) END AS unlocked;
+       ARRAY(SELECT pg_advisory_unlock(key)
+             FROM unnest(%(unlock_keys)s::bigint[]) WITH ORDINALITY AS u(key, n)
+             ORDER BY n) AS unlocked;
 
 -- name: record_unclaimed
 -- Record ticks nobody ran (missed) unless a replica already has the tick.
@@ -90,8 +102,11 @@ SELECT (SELECT count(*) FROM refreshed) AS refreshed,
 FROM pg_locks
 WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1;
 
--- name: last_tick
-SELECT max(scheduled_at) FROM replicron_runs WHERE namespace = %(namespace)s AND job = %(job)s;
+-- name: last_ticks
+SELECT job, max(scheduled_at)
+FROM replicron_runs
+WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[])
+GROUP BY job;
 
 -- name: abandon_stale
 -- Janitor: open ticks of replicas that stopped heartbeating are recorded abandoned.
