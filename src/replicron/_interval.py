@@ -10,7 +10,7 @@ complementary pairs: gaps ``g`` and ``lo + hi - g``, so tick ``2j`` sits at
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,10 +42,21 @@ class IntervalRule:
     interval: timedelta | None
     jitter: timedelta | None
     between: tuple[timedelta, timedelta] | None
+    _anchor_us: int = field(init=False, repr=False, compare=False)
+    _step_us: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_anchor_us", _micros(self.anchor))
+        step = 0 if self.interval is None else self.interval // _US
+        object.__setattr__(self, "_step_us", step)
 
     def next_after(self, instant: datetime, key: str) -> datetime | None:
-        now = _micros(instant)
-        anchor = _micros(self.anchor)
+        now = (instant - EPOCH) // _US
+        anchor = self._anchor_us
+        if self.jitter is None and self.between is None:  # the common case, kept cheap
+            step = self._step_us
+            k = (now - anchor) // step + 1 if now >= anchor else 0
+            return EPOCH + timedelta(microseconds=anchor + k * step)
         if self.between is not None:
             lo, hi = (d // _US for d in self.between)
             period = lo + hi

@@ -29,6 +29,9 @@ class Observer:
         self.listeners = tuple(listeners)
         self._spawn = spawn
 
+    def enabled(self, level: int) -> bool:
+        return logger.isEnabledFor(level)
+
     def log(
         self,
         level: int,

@@ -7,11 +7,11 @@ import contextlib
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any, Literal
 
-from .backends.base import Backend, Claim
+from .backends.base import Backend, Claim, RunRecord
 from .clock import Clock
 from .errors import (
     ConfigurationError,
@@ -37,8 +37,19 @@ class JobState:
     running: int = 0
     runs_started: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
-    backlog: deque[datetime] = field(default_factory=deque)  # catch_up="all", run in turn
-    last_event: RunEvent | None = None
+    backlog: deque[datetime] | None = None  # catch_up="all": ticks run one after another
+    last_record: RunRecord | None = None
+    last_error: BaseException | None = None
+    last_detail: str | None = None
+
+
+def event_of(
+    record: RunRecord, error: BaseException | None = None, detail: str | None = None
+) -> RunEvent:
+    return RunEvent(
+        record.job, record.scheduled_at, record.replica_id, record.run_id, record.outcome,
+        record.started_at, record.finished_at, error, detail,
+    )  # fmt: skip
 
 
 class JobRegistry:
@@ -58,6 +69,7 @@ class JobRegistry:
         self._pid: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        self._poke_pending = False
 
     # ---- registration (any thread) -----------------------------------------------------
 
@@ -161,7 +173,9 @@ class JobRegistry:
 
     def last_run(self, name: str) -> RunEvent | None:
         with self._lock:
-            return self._state_of(name).last_event
+            state = self._state_of(name)
+            record = state.last_record
+            return None if record is None else event_of(record, state.last_error, state.last_detail)
 
     def run_now(self, name: str) -> None:
         self.check_usable()
@@ -199,7 +213,15 @@ class JobRegistry:
             )
 
     def _poke(self) -> None:
+        """Wake the engine after a change; one pending wake-up serves any number of calls."""
         loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # loop closed in between
-                loop.call_soon_threadsafe(wake.set)
+        if loop is None or wake is None or self._poke_pending or loop.is_closed():
+            return
+        self._poke_pending = True
+        with contextlib.suppress(RuntimeError):  # loop closed in between
+            loop.call_soon_threadsafe(self._poked)
+
+    def _poked(self) -> None:
+        self._poke_pending = False
+        assert self._wake is not None
+        self._wake.set()

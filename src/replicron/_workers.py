@@ -19,6 +19,7 @@ _STOP = None
 class WorkerPool:
     def __init__(self, size: int, name: str) -> None:
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._busy: set[threading.Thread] = set()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -31,19 +32,23 @@ class WorkerPool:
         self._queue.put(work)
 
     def _work(self) -> None:
-        get = self._queue.get
+        get, busy, me = self._queue.get, self._busy, threading.current_thread()
         while (work := get()) is not _STOP:
-            work()
+            busy.add(me)
+            try:
+                work()
+            finally:
+                busy.discard(me)
 
     def stop(self, timeout: float | None) -> list[threading.Thread]:
         """Ask every thread to finish after the work already queued; wait up to ``timeout``.
 
-        Returns the threads still alive (stuck in a task that ignores cancellation); they
-        are daemon threads and do not keep the process alive.
+        Returns the threads still running a task (one that ignores cancellation); they are
+        daemon threads and do not keep the process alive. Idle threads exit on their own.
         """
         for _ in self._threads:
             self._queue.put(_STOP)
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return [thread for thread in self._threads if thread.is_alive()]
+        return [thread for thread in self._threads if thread.is_alive() and thread in self._busy]

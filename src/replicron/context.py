@@ -4,31 +4,70 @@ from __future__ import annotations
 
 import threading
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from datetime import datetime
 
 from .errors import NoCurrentRunError
 
 __all__ = ["RunContext", "current_run"]
 
+# Creating a threading.Event costs more than the rest of a run's bookkeeping, and most runs
+# never look at theirs: it is made on first use, under this lock.
+_EVENT_LOCK = threading.Lock()
 
-@dataclass(frozen=True, slots=True)
+
 class RunContext:
     """The run a task is executing.
 
     ``scheduled_at`` is the tick (an aware UTC datetime) and, with ``job_name``, a natural
     idempotency key. ``run_id`` is a fencing token that increases with every run of the job
-    (``None`` where the backend gives none). ``cancelled`` is set when the run should stop
-    (timeout, shutdown, lost lock): sync tasks should poll or wait on it; async tasks are
-    cancelled instead.
+    (``None`` where the backend gives none). ``cancelled`` is a ``threading.Event`` set when
+    the run should stop (timeout, shutdown, lost lock): sync tasks should poll or wait on it;
+    async tasks are cancelled instead.
     """
 
-    job_name: str
-    scheduled_at: datetime
-    run_id: int | None
-    replica_id: str
-    deadline: datetime | None
-    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    __slots__ = ("_event", "_stop", "deadline", "job_name", "replica_id", "run_id", "scheduled_at")
+
+    def __init__(
+        self,
+        job_name: str,
+        scheduled_at: datetime,
+        run_id: int | None,
+        replica_id: str,
+        deadline: datetime | None,
+    ) -> None:
+        self.job_name = job_name
+        self.scheduled_at = scheduled_at
+        self.run_id = run_id
+        self.replica_id = replica_id
+        self.deadline = deadline
+        self._event: threading.Event | None = None
+        self._stop = False
+
+    @property
+    def cancelled(self) -> threading.Event:
+        event = self._event
+        if event is None:
+            with _EVENT_LOCK:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self._stop:
+                        self._event.set()
+                event = self._event
+        return event
+
+    def cancel(self) -> None:
+        """Ask the run to stop (the scheduler calls this)."""
+        with _EVENT_LOCK:
+            self._stop = True
+            if self._event is not None:
+                self._event.set()
+
+    def __repr__(self) -> str:
+        return (
+            f"RunContext(job_name={self.job_name!r}, scheduled_at={self.scheduled_at!r}, "
+            f"run_id={self.run_id!r}, replica_id={self.replica_id!r}, deadline={self.deadline!r}, "
+            f"cancelled={self._stop})"
+        )
 
 
 _current: ContextVar[RunContext] = ContextVar("replicron_current_run")

@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import os
+import threading
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any, Literal, TypeVar
 
 from ._observe import Observer
-from ._registry import JobRegistry, JobState
+from ._registry import JobRegistry, JobState, event_of
 from ._workers import WorkerPool
 from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from .clock import Clock
@@ -38,6 +39,15 @@ __all__ = ["Engine"]
 _INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
 ConcurrencyMode = Literal["queue", "skip"]
 _T = TypeVar("_T")
+_LOG_LEVEL = {
+    Outcome.SUCCEEDED: _DEBUG,
+    Outcome.FAILED: _ERROR,
+    Outcome.SKIPPED_OVERLAP: _INFO,
+    Outcome.TIMED_OUT: _WARNING,
+    Outcome.SKIPPED_LIMIT: _WARNING,
+    Outcome.MISSED: _WARNING,
+    Outcome.ABANDONED: _WARNING,
+}
 _LISTENER_HOOK = {
     Outcome.SUCCEEDED: "after_success",
     Outcome.FAILED: "after_failure",
@@ -95,6 +105,9 @@ class Engine(JobRegistry):
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._releases: list[tuple[RunRecord, bool, JobState | None]] = []
+        self._done: list[tuple[_Run, BaseException | None, datetime]] = []
+        self._done_lock = threading.Lock()
+        self._done_wake_pending = False
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -170,7 +183,7 @@ class Engine(JobRegistry):
         tasks = []
         for run in list(self._active):
             run.abandoned = True
-            run.ctx.cancelled.set()
+            run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
                 tasks.append(run.task)
@@ -203,6 +216,8 @@ class Engine(JobRegistry):
             self._expire(self.clock.now())
             with self._lock:
                 wake_at = self._planner.wake_at()
+                if wake_at is not None and wake_at > self.clock.now():
+                    self._planner.prepare()  # the next instant's work, done while idle
             if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
                 wake_at = self._deadlines[0][0]
             await self._sleep(wake_at)
@@ -271,7 +286,8 @@ class Engine(JobRegistry):
             if due:
                 # Catch-up runs go one after another, whatever the overlap policy.
                 runs.append(Tick(name, due[0]))
-                state.backlog.extend(due[1:])
+                if len(due) > 1:
+                    state.backlog = deque(due[1:])
             if missed:
                 await self._record_missed(
                     [Tick(name, t) for t in missed], {name} if truncated else set()
@@ -367,10 +383,23 @@ class Engine(JobRegistry):
         finally:
             _current.reset(token)
         finished = self.clock.now()
+        # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
+        with self._done_lock:
+            self._done.append((run, error, finished))
+            if self._done_wake_pending:
+                return
+            self._done_wake_pending = True
         loop = self._loop
         assert loop is not None
         with contextlib.suppress(RuntimeError):  # loop gone: the run was abandoned at shutdown
-            loop.call_soon_threadsafe(self._finish, run, error, finished)
+            loop.call_soon_threadsafe(self._drain_done)
+
+    def _drain_done(self) -> None:
+        with self._done_lock:
+            done, self._done = self._done, []
+            self._done_wake_pending = False
+        for run, error, finished in done:
+            self._finish(run, error, finished)
 
     async def _run_async(self, run: _Run) -> None:
         spec = run.job.spec
@@ -391,7 +420,7 @@ class Engine(JobRegistry):
             if run.finished:
                 continue
             run.timed_out = True
-            run.ctx.cancelled.set()
+            run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
             spec = run.job.spec
@@ -417,7 +446,7 @@ class Engine(JobRegistry):
             if run.claim.run_id not in lost or run.finished:
                 continue
             run.abandoned = True
-            run.ctx.cancelled.set()
+            run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
             claim = run.claim
@@ -484,26 +513,22 @@ class Engine(JobRegistry):
         detail: str | None = None,
         notify_timeout: bool = True,
     ) -> None:
-        event = RunEvent(
-            record.job, record.scheduled_at, self.replica_id, record.run_id, record.outcome,
-            record.started_at, record.finished_at, error, detail,
-        )  # fmt: skip
         if state is not None:
-            state.last_event = event
+            state.last_record, state.last_error, state.last_detail = record, error, detail
         outcome = record.outcome
-        if outcome is Outcome.FAILED:
-            level, message = _ERROR, f"run failed: {record.error}"
-        elif outcome is Outcome.SUCCEEDED:
-            level, message = _DEBUG, f"run succeeded in {event.duration}"
-        elif outcome is Outcome.SKIPPED_OVERLAP:
-            level, message = _INFO, f"skipped: {detail}"
-        else:
-            level, message = _WARNING, f"{outcome.value}" + (f": {detail}" if detail else "")
-        self.observer.log(
-            level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
-        )
+        level = _LOG_LEVEL[outcome]
+        if self.observer.enabled(level):
+            if outcome is Outcome.FAILED:
+                message = f"run failed: {record.error}"
+            elif outcome is Outcome.SUCCEEDED:
+                message = f"run succeeded in {record.finished_at - record.started_at}"  # type: ignore[operator]
+            else:
+                message = f"{outcome.value}" + (f": {detail}" if detail else "")
+            self.observer.log(
+                level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
+            )
         if self.observer.listeners and (notify_timeout or outcome is not Outcome.TIMED_OUT):
-            self.observer.notify(_LISTENER_HOOK[outcome], event)
+            self.observer.notify(_LISTENER_HOOK[outcome], event_of(record, error, detail))
 
     def _notify_lock_error(self, ticks: list[Tick], exc: Exception) -> None:
         if self.observer.listeners:

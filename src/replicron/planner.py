@@ -39,6 +39,10 @@ class Tick(NamedTuple):
     scheduled_at: datetime
 
 
+def _tick_time(tick: Tick) -> datetime:
+    return tick.scheduled_at
+
+
 @dataclass(slots=True)
 class Decision:
     """What to do at ``now``: run ``due`` (oldest first), record ``missed``, then sleep until
@@ -71,6 +75,9 @@ class Planner:
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[datetime, int, str, int]] = []
         self._seq = itertools.count()
+        # Ticks of the next instant, worked out ahead by prepare(): job -> tick.
+        self._prepared: dict[str, datetime] = {}
+        self._prepared_at: datetime | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -91,6 +98,7 @@ class Planner:
         """Plan ``job`` from its first tick strictly after ``now`` (or after ``after``, for
         catch-up), not before ``start_at`` and before ``stop_at``. Replaces an earlier plan."""
         old = self._entries.get(job)
+        self._prepared.pop(job, None)
         generation = 0 if old is None else old.generation + 1
         entry = _Entry(trigger, start_at, stop_at, None, generation)
         self._entries[job] = entry
@@ -101,11 +109,14 @@ class Planner:
         return entry.next_due
 
     def remove(self, job: str) -> bool:
+        self._prepared.pop(job, None)
         return self._entries.pop(job, None) is not None
 
     def next_due(self, job: str) -> datetime | None:
         entry = self._entries.get(job)
-        return None if entry is None else entry.next_due
+        if entry is None:
+            return None
+        return self._prepared.get(job, entry.next_due)
 
     def upcoming(self, job: str, count: int) -> list[datetime]:
         """The job's next ``count`` planned ticks (within its start/stop window)."""
@@ -113,53 +124,97 @@ class Planner:
         found: list[datetime] = []
         if entry is None:
             return found
+        prepared = self._prepared.get(job)
+        if prepared is not None:
+            found.append(prepared)
         current = entry.next_due
         while current is not None and len(found) < count:
             found.append(current)
             current = self._bounded(entry, entry.trigger.next_after(current))
-        return found
+        return found[:count]
 
     def wake_at(self) -> datetime | None:
         self._drop_stale()
-        return self._heap[0][0] if self._heap else None
+        top = self._heap[0][0] if self._heap else None
+        if self._prepared and self._prepared_at is not None:
+            return self._prepared_at if top is None else min(top, self._prepared_at)
+        return top
+
+    def prepare(self) -> int:
+        """Work out the next instant's ticks ahead of time, while the scheduler would sleep.
+
+        Pops the jobs due at the earliest planned instant and plans their following ticks, so
+        that :meth:`decide` at that instant has nothing left to compute. Returns how many
+        ticks were prepared. Adding or removing a job drops its prepared tick.
+        """
+        heap, entries = self._heap, self._entries
+        self._drop_stale()
+        if not heap or (self._prepared and heap[0][0] != self._prepared_at):
+            return 0
+        at = heap[0][0]  # jobs added since the last call join the prepared ones
+        before = len(self._prepared)
+        while heap and heap[0][0] == at:
+            job = heapq.heappop(heap)[2]
+            entry = entries[job]
+            self._prepared[job] = at
+            self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(at)))
+            self._drop_stale()
+        self._prepared_at = at
+        return len(self._prepared) - before
 
     def decide(self, now: datetime) -> Decision:
         """Pop every job due at ``now``; a job with several due ticks runs only the latest
         and the older ones are missed (coalesced)."""
         decision = Decision()
+        heap, entries = self._heap, self._entries
+        prepared: dict[str, datetime] = {}
+        if self._prepared and self._prepared_at is not None and self._prepared_at <= now:
+            prepared, self._prepared, self._prepared_at = self._prepared, {}, None
+        popped: list[Tick] = []
         while True:
             self._drop_stale()
-            if not self._heap or self._heap[0][0] > now:
+            if not heap or heap[0][0] > now:
                 break
-            _, _, job, _ = heapq.heappop(self._heap)
-            entry = self._entries[job]
+            job = heapq.heappop(heap)[2]
+            entry = entries[job]
             assert entry.next_due is not None
-            tick, missed, truncated = self._coalesce(entry, entry.next_due, now)
-            decision.missed.extend(Tick(job, t) for t in missed)
+            tick, following, missed, truncated = self._coalesce(entry, entry.next_due, now)
+            earlier = prepared.pop(job, None)
+            if earlier is not None:  # a later tick is due too: the prepared one is coalesced
+                missed.insert(0, earlier)
+            if missed:
+                decision.missed.extend(Tick(job, t) for t in missed)
             if truncated:
                 decision.truncated.add(job)
             if tick is not None:
-                decision.due.append(Tick(job, tick))
-                self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(tick)))
+                popped.append(Tick(job, tick))
+                self._set_next(job, entry, following)
             else:
                 self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(now)))
-        decision.due.sort(key=lambda t: t.scheduled_at)
-        decision.wake_at = self._heap[0][0] if self._heap else None
+        # Prepared ticks left the heap first, so they go first among equal instants.
+        due = decision.due
+        due.extend(Tick(job, tick) for job, tick in prepared.items())
+        due.extend(popped)
+        if len(due) > 1:
+            due.sort(key=_tick_time)
+        decision.wake_at = heap[0][0] if heap else None
         return decision
 
     def _coalesce(
         self, entry: _Entry, first: datetime, now: datetime
-    ) -> tuple[datetime | None, list[datetime], bool]:
-        """(tick to run, older ticks missed, whether more were missed than listed)."""
+    ) -> tuple[datetime | None, datetime | None, list[datetime], bool]:
+        """(tick to run, the tick after it, older ticks missed, whether more were missed than
+        listed)."""
         missed: list[datetime] = []
         tick = first
         while True:
             following = self._bounded(entry, entry.trigger.next_after(tick))
             if following is None or following > now:
-                return tick, missed, False
+                return tick, following, missed, False
             if len(missed) == MAX_ENUMERATED_TICKS:
-                latest = latest_due(entry.trigger, following, now)
-                return self._bounded(entry, latest), missed, True
+                latest = self._bounded(entry, latest_due(entry.trigger, following, now))
+                after = None if latest is None else entry.trigger.next_after(latest)
+                return latest, self._bounded(entry, after), missed, True
             missed.append(tick)
             tick = following
 

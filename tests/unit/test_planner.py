@@ -855,3 +855,52 @@ def test_latest_due_finds_the_last_tick_at_or_before_now(
     trigger: Trigger, due: datetime, now: datetime, expected: datetime
 ) -> None:
     assert latest_due(trigger, due, now) == expected
+
+
+# ---- prepare: the next instant worked out while idle -------------------------------------
+
+
+def test_prepare_keeps_next_due_upcoming_and_decide_unchanged() -> None:
+    planner = Planner()
+    planner.add("a", every(seconds=10), s(0))
+    planner.add("b", every(seconds=15), s(0))
+    assert planner.prepare() == 1  # only "a" is due at the earliest instant, s(10)
+    assert planner.next_due("a") == s(10)
+    assert planner.upcoming("a", 3) == [s(10), s(20), s(30)]
+    assert planner.wake_at() == s(10)
+    assert planner.prepare() == 0  # nothing new at s(10)
+    planner.add("c", every(seconds=5), s(5))  # due at s(10) too: joins the prepared ones
+    assert planner.prepare() == 1
+    decision = planner.decide(s(10))
+    assert decision.due == [Tick("a", s(10)), Tick("c", s(10))]
+    assert decision.missed == []
+    assert decision.wake_at == s(15)
+
+
+def test_prepared_tick_is_coalesced_on_a_late_wake_up() -> None:
+    planner = Planner()
+    planner.add("a", every(seconds=10), s(0))
+    planner.prepare()
+    decision = planner.decide(s(25))
+    assert decision.due == [Tick("a", s(20))]
+    assert decision.missed == [Tick("a", s(10))]
+
+
+def test_replanning_or_removing_drops_the_prepared_tick() -> None:
+    planner = Planner()
+    planner.add("a", every(seconds=10), s(0))
+    planner.add("b", every(seconds=10), s(0))
+    planner.prepare()
+    planner.add("a", every(seconds=7), s(3))  # re-planned from s(3): first tick s(7)
+    planner.remove("b")
+    assert planner.next_due("b") is None
+    assert planner.decide(s(10)).due == [Tick("a", s(7))]
+    assert planner.decide(s(14)).due == [Tick("a", s(14))]
+
+
+def test_an_early_decide_leaves_the_prepared_ticks_alone() -> None:
+    planner = Planner()
+    planner.add("a", every(seconds=10), s(0))
+    planner.prepare()
+    assert planner.decide(s(5)).due == []
+    assert planner.decide(s(10)).due == [Tick("a", s(10))]
