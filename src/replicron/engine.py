@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import heapq
 import itertools
 import logging
 import os
-import threading
 from collections import deque
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from ._observe import Observer
 from ._registry import JobRegistry, JobState, event_of
-from ._workers import WorkerPool
+from ._workers import STUCK_AFTER, WorkerPool
 from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from .clock import Clock
 from .context import RunContext, _current
@@ -39,6 +37,8 @@ __all__ = ["Engine"]
 _INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
 ConcurrencyMode = Literal["queue", "skip"]
 _T = TypeVar("_T")
+#: Seconds after a dispatch before the next instant is planned ahead (real time).
+_PREPARE_DELAY = 0.02
 _LOG_LEVEL = {
     Outcome.SUCCEEDED: _DEBUG,
     Outcome.FAILED: _ERROR,
@@ -98,16 +98,18 @@ class Engine(JobRegistry):
         self._asleep_until: datetime | None = None
         self._main: asyncio.Task[None] | None = None
         self._stopped: asyncio.Future[None] | None = None
-        self._workers: WorkerPool | None = None
+        self._workers: WorkerPool[_Run] | None = None
         self._active: set[_Run] = set()
         self._waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
         self._deadlines: list[tuple[datetime, int, _Run]] = []
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._releases: list[tuple[RunRecord, bool, JobState | None]] = []
-        self._done: list[tuple[_Run, BaseException | None, datetime]] = []
-        self._done_lock = threading.Lock()
+        self._done: deque[tuple[_Run, BaseException | None, datetime]] = deque()
         self._done_wake_pending = False
+        self._to_submit: list[_Run] = []
+        self._supervising = False
+        self._prepare_handle: asyncio.TimerHandle | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -123,7 +125,9 @@ class Engine(JobRegistry):
         self._idle.set()
         self._stopped = self._loop.create_future()
         await self.backend.open(self.replica_id, self._lock_lost)
-        self._workers = WorkerPool(self.max_workers, f"replicron-worker-{self.replica_id}")
+        self._workers = WorkerPool(
+            self.max_workers, f"replicron-worker-{self.replica_id}", self._run_sync
+        )
         with self._lock:
             self._state = "running"
             for state in self._jobs.values():
@@ -216,11 +220,26 @@ class Engine(JobRegistry):
             self._expire(self.clock.now())
             with self._lock:
                 wake_at = self._planner.wake_at()
-                if wake_at is not None and wake_at > self.clock.now():
-                    self._planner.prepare()  # the next instant's work, done while idle
+            self._prepare_soon(wake_at)
             if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
                 wake_at = self._deadlines[0][0]
             await self._sleep(wake_at)
+
+    def _prepare_soon(self, wake_at: datetime | None) -> None:
+        """Plan the next instant's ticks while idle, but not at once: the runs just handed
+        to the worker threads need the GIL first."""
+        if wake_at is None or self._prepare_handle is not None:
+            return
+        lead = (wake_at - self.clock.now()).total_seconds()
+        if lead > 4 * _PREPARE_DELAY:
+            assert self._loop is not None
+            self._prepare_handle = self._loop.call_later(_PREPARE_DELAY, self._prepare_now)
+
+    def _prepare_now(self) -> None:
+        self._prepare_handle = None
+        if self._state == "running":
+            with self._lock:
+                self._planner.prepare()
 
     async def _guarded(self, step: Awaitable[_T], default: _T, ticks: list[Tick]) -> _T:
         try:
@@ -306,33 +325,39 @@ class Engine(JobRegistry):
     # ---- dispatch ----------------------------------------------------------------------
 
     async def _dispatch(self, ticks: list[Tick]) -> None:
+        # This loop runs once per tick of a burst: keep it lean.
         requests: list[ClaimRequest] = []
         plans: list[tuple[JobState, str]] = []
         active = len(self._active) + len(self._waiting)
-        for tick in ticks:
-            state = self._jobs.get(tick.job)
+        limit, jobs = self.max_concurrent_jobs, self._jobs
+        for job, scheduled_at in ticks:
+            state = jobs.get(job)
             if state is None:
                 continue
-            action: str = overlap_action(state.spec.overlap, state.running)
-            if action == "run" and self.max_concurrent_jobs is not None:
-                if active >= self.max_concurrent_jobs:
+            overlap = state.spec.overlap
+            action: str = "run" if not state.running else overlap_action(overlap, state.running)
+            if action == "run" and limit is not None:
+                if active >= limit:
                     action = "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
                 active += 1
-            lock = state.spec.overlap != "allow" and action in ("run", "limit_queue")
-            requests.append(ClaimRequest(tick.job, tick.scheduled_at, lock))
+            lock = overlap != "allow" and action in ("run", "limit_queue")
+            requests.append(ClaimRequest(job, scheduled_at, lock))
             plans.append((state, action))
         if not requests:
             return
         claims = await self.backend.claim(requests)
+        now, claimed = self.clock.now(), ClaimStatus.CLAIMED
         for (state, action), claim in zip(plans, claims, strict=True):
-            if claim.status is ClaimStatus.TAKEN:
+            if action == "run" and claim.status is claimed:
+                self._start(state, claim, now)
+            elif claim.status is ClaimStatus.TAKEN:
                 self.observer.log(
                     _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
                 )
             elif claim.status is ClaimStatus.LOCKED:
                 self._record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
             elif action == "run":
-                self._start(state, claim)
+                self._start(state, claim, now)
             elif action == "skip":
                 self._record(state, claim, Outcome.SKIPPED_OVERLAP, "previous run still going")
             elif action == "limit_skip":
@@ -343,13 +368,16 @@ class Engine(JobRegistry):
                 if state.pending is not None:
                     self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
                 state.pending = claim
+        if self._to_submit:  # hand the instant's sync runs over before anything else
+            self._submit_all()
 
-    def _start(self, state: JobState, claim: Claim) -> None:
+    def _start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
         spec = state.spec
         if spec.max_runs is not None and state.runs_started >= spec.max_runs:
             self._record(state, claim, Outcome.MISSED, "max_runs reached", unlock=claim.locked)
             return
-        started = self.clock.now()
+        # One clock read per batch; the run's real start is taken again where it begins.
+        started = self.clock.now() if now is None else now
         deadline = None if spec.timeout is None else started + spec.timeout
         ctx = RunContext(spec.name, claim.scheduled_at, claim.run_id, self.replica_id, deadline)
         run = _Run(state, claim, ctx, started)
@@ -358,9 +386,10 @@ class Engine(JobRegistry):
         if spec.max_runs is not None and state.runs_started >= spec.max_runs:
             with self._lock:
                 self._planner.remove(spec.name)
+        if not self._active:
+            assert self._idle is not None
+            self._idle.clear()
         self._active.add(run)
-        assert self._idle is not None
-        self._idle.clear()
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), run))
         if self.observer.listeners:
@@ -369,10 +398,34 @@ class Engine(JobRegistry):
             assert self._loop is not None
             run.task = self._loop.create_task(self._run_async(run))
         else:
+            # Runs of one instant go to the workers together, once the loop is done with them.
+            if not self._to_submit:
+                assert self._loop is not None
+                self._loop.call_soon(self._submit_all)
+            self._to_submit.append(run)
+
+    def _submit_all(self) -> None:
+        works, self._to_submit = self._to_submit, []
+        if works:
             assert self._workers is not None
-            self._workers.submit(functools.partial(self._run_sync, run))
+            self._workers.submit_many(works)
+            if not self._supervising:
+                self._supervising = True
+                self._supervise_workers()
+
+    def _supervise_workers(self) -> None:
+        """While runs wait for a thread, wake more threads if the awake ones are stuck."""
+        assert self._workers is not None
+        assert self._loop is not None
+        if self._workers.supervise() and self._state != "stopped":
+            self._loop.call_later(STUCK_AFTER, self._supervise_workers)
+        else:
+            self._supervising = False
 
     def _run_sync(self, run: _Run) -> None:
+        if run.finished:  # abandoned at shutdown before a worker got to it
+            return
+        run.started_at = self.clock.now()
         spec = run.job.spec
         token = _current.set(run.ctx)
         error: BaseException | None = None
@@ -384,24 +437,25 @@ class Engine(JobRegistry):
             _current.reset(token)
         finished = self.clock.now()
         # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
-        with self._done_lock:
-            self._done.append((run, error, finished))
-            if self._done_wake_pending:
-                return
-            self._done_wake_pending = True
+        # No lock: deque appends are atomic, and _drain_done clears the flag before it
+        # empties the deque, so a result appended meanwhile either is drained or wakes it.
+        self._done.append((run, error, finished))
+        if self._done_wake_pending:
+            return
+        self._done_wake_pending = True
         loop = self._loop
         assert loop is not None
         with contextlib.suppress(RuntimeError):  # loop gone: the run was abandoned at shutdown
             loop.call_soon_threadsafe(self._drain_done)
 
     def _drain_done(self) -> None:
-        with self._done_lock:
-            done, self._done = self._done, []
-            self._done_wake_pending = False
-        for run, error, finished in done:
-            self._finish(run, error, finished)
+        self._done_wake_pending = False
+        done = self._done
+        while done:
+            self._finish(*done.popleft())
 
     async def _run_async(self, run: _Run) -> None:
+        run.started_at = self.clock.now()
         spec = run.job.spec
         _current.set(run.ctx)
         error: BaseException | None = None
@@ -469,7 +523,8 @@ class Engine(JobRegistry):
             outcome = Outcome.ABANDONED
         elif run.timed_out:
             outcome = Outcome.TIMED_OUT
-            overrun = finished - run.started_at - (state.spec.timeout or timedelta(0))
+            deadline = run.ctx.deadline
+            overrun = timedelta(0) if deadline is None else finished - deadline
             if run.task is None and overrun > timedelta(0):
                 self.observer.log(
                     _WARNING, "overrun", f"sync run returned {overrun} after its timeout",

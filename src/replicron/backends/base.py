@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -37,16 +36,16 @@ class ClaimStatus(enum.Enum):
     LOCKED = "locked"
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
+# Named tuples, not dataclasses: the engine makes several of these per run, and a frozen
+# dataclass costs several times as much to build.
+class ClaimRequest(NamedTuple):
     job: str
     scheduled_at: datetime
     #: Take the job's run lock as well (overlap policy ``skip``/``queue``).
     lock: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     job: str
     scheduled_at: datetime
     status: ClaimStatus
@@ -56,8 +55,7 @@ class Claim:
     locked: bool
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
+class RunRecord(NamedTuple):
     job: str
     scheduled_at: datetime
     outcome: Outcome

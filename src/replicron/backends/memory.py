@@ -8,7 +8,7 @@ Each :class:`MemoryBackend` is one replica's handle; handles built on the same
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,7 +23,7 @@ TICKS_KEPT = 1024
 
 @dataclass
 class _JobState:
-    ticks: OrderedDict[datetime, str | None] = field(default_factory=OrderedDict)
+    ticks: dict[datetime, str | None] = field(default_factory=dict)
     oldest_forgotten: datetime | None = None
     lock_holder: tuple[str, int] | None = None
     last_run_id: int = 0
@@ -89,7 +89,8 @@ class MemoryBackend:
             return False
         job.ticks[tick] = self.replica_id
         if len(job.ticks) > TICKS_KEPT:
-            forgotten, _ = job.ticks.popitem(last=False)
+            forgotten = next(iter(job.ticks))  # dicts keep insertion order: the oldest claim
+            del job.ticks[forgotten]
             if job.oldest_forgotten is None or forgotten > job.oldest_forgotten:
                 job.oldest_forgotten = forgotten
         if job.last_tick is None or tick > job.last_tick:
