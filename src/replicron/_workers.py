@@ -3,9 +3,9 @@
 A ``loop.run_in_executor`` per run costs tens of microseconds of CPU, and waking every
 thread for a burst of short runs makes them fight over the GIL. Here the engine appends all
 the runs of an instant to a deque at once and wakes one thread, which keeps taking runs until
-the deque is empty. More threads are woken only when the awake ones are all stuck in a run
-for longer than ``STUCK_AFTER`` (sleeping on I/O, say): :meth:`WorkerPool.supervise`, which
-the engine calls every ``STUCK_AFTER`` while runs wait, decides that.
+the deque is empty. Another thread is woken only when no run was taken for ``STUCK_AFTER``
+while runs wait (the awake threads are stuck in long runs, sleeping on I/O, say):
+:meth:`WorkerPool.supervise`, which the engine calls that often while runs wait, checks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ __all__ = ["STUCK_AFTER", "WorkerPool"]
 
 T = TypeVar("T")
 _WAKE, _STOP = True, False
-#: A run this old (seconds) counts as blocking its thread: wake another one.
+#: Seconds without progress, while runs wait, after which another thread is woken.
 STUCK_AFTER = 0.001
 
 
@@ -35,6 +35,8 @@ class WorkerPool(Generic[T]):
         self._signals: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._awake: set[threading.Thread] = set()
         self._started: dict[threading.Thread, float] = {}  # thread -> start of its run
+        self._taken = 0  # runs taken so far (a progress counter; exactness is not needed)
+        self._seen = 0
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -55,17 +57,15 @@ class WorkerPool(Generic[T]):
             self._signals.put(_WAKE)
 
     def supervise(self) -> bool:
-        """Wake one more thread for every awake one stuck in a long run while runs wait.
-        Returns whether runs are still waiting (call again after ``STUCK_AFTER``)."""
+        """While runs wait: if no thread took a run since the last call, the awake ones are
+        stuck in long runs (or none is awake), so wake one more. Returns whether runs are
+        still waiting (call again after ``STUCK_AFTER``)."""
         if not self._pending:
+            self._seen = self._taken
             return False
-        now = time.monotonic()
-        free = len(self._awake) - sum(
-            1 for since in list(self._started.values()) if now - since > STUCK_AFTER
-        )
-        asleep = self.size - len(self._awake)
-        for _ in range(min(asleep, max(0, 1 - free))):
+        if self._taken == self._seen and len(self._awake) < self.size:
             self._signals.put(_WAKE)
+        self._seen = self._taken
         return True
 
     def _work(self) -> None:
@@ -79,6 +79,7 @@ class WorkerPool(Generic[T]):
                         item = pending.popleft()
                     except IndexError:
                         break
+                    self._taken += 1
                     started[me] = time.monotonic()
                     try:
                         handler(item)

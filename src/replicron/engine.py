@@ -39,6 +39,8 @@ ConcurrencyMode = Literal["queue", "skip"]
 _T = TypeVar("_T")
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
+#: Runs handed to the workers at once within a burst.
+_SUBMIT_CHUNK = 256
 _LOG_LEVEL = {
     Outcome.SUCCEEDED: _DEBUG,
     Outcome.FAILED: _ERROR,
@@ -237,9 +239,15 @@ class Engine(JobRegistry):
 
     def _prepare_now(self) -> None:
         self._prepare_handle = None
-        if self._state == "running":
-            with self._lock:
-                self._planner.prepare()
+        if self._state != "running":
+            return
+        if (self._workers is not None and self._workers.waiting) or self._done:
+            # The last burst is still being worked off: it goes first.
+            wake_at = self._planner.wake_at()
+            self._prepare_soon(wake_at)
+            return
+        with self._lock:
+            self._planner.prepare()
 
     async def _guarded(self, step: Awaitable[_T], default: _T, ticks: list[Tick]) -> _T:
         try:
@@ -399,10 +407,13 @@ class Engine(JobRegistry):
             run.task = self._loop.create_task(self._run_async(run))
         else:
             # Runs of one instant go to the workers together, once the loop is done with them.
-            if not self._to_submit:
+            to_submit = self._to_submit
+            if not to_submit:
                 assert self._loop is not None
                 self._loop.call_soon(self._submit_all)
-            self._to_submit.append(run)
+            to_submit.append(run)
+            if len(to_submit) >= _SUBMIT_CHUNK:  # long bursts: let the first runs begin
+                self._submit_all()
 
     def _submit_all(self) -> None:
         works, self._to_submit = self._to_submit, []
@@ -449,6 +460,14 @@ class Engine(JobRegistry):
             loop.call_soon_threadsafe(self._drain_done)
 
     def _drain_done(self) -> None:
+        workers = self._workers
+        if workers is not None and workers.waiting and self._state == "running":
+            # Runs still wait for a thread: starting them matters more than bookkeeping, so
+            # leave the GIL to the workers and look again shortly (the flag stays set, so
+            # finishing workers do not wake the loop meanwhile).
+            assert self._loop is not None
+            self._loop.call_later(STUCK_AFTER, self._drain_done)
+            return
         self._done_wake_pending = False
         done = self._done
         while done:
@@ -519,6 +538,7 @@ class Engine(JobRegistry):
         state = run.job
         state.running -= 1
         self._active.discard(run)
+        claim = run.claim
         if run.abandoned:
             outcome = Outcome.ABANDONED
         elif run.timed_out:
@@ -528,19 +548,21 @@ class Engine(JobRegistry):
             if run.task is None and overrun > timedelta(0):
                 self.observer.log(
                     _WARNING, "overrun", f"sync run returned {overrun} after its timeout",
-                    state.spec.name, run.claim.scheduled_at, run.claim.run_id,
+                    claim.job, claim.scheduled_at, claim.run_id,
                 )  # fmt: skip
         else:
             outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
-        record = self._record_of(
-            state.spec.name, run.claim.scheduled_at, outcome, run.claim.run_id,
-            run.started_at, finished, error,
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        record = RunRecord(
+            claim.job, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
+            run.started_at, finished, text,
         )  # fmt: skip
         self._report(record, state, error=error, notify_timeout=not run.timed_out)
-        self._queue_release(record, run.claim.locked, state)
-        if not self._active and self._idle is not None:
+        self._queue_release(record, claim.locked, state)
+        if not self._active:
+            assert self._idle is not None
             self._idle.set()
-        self._quiet_may_have_changed()
+            self._quiet_may_have_changed()
 
     # ---- outcomes ----------------------------------------------------------------------
 
@@ -607,16 +629,17 @@ class Engine(JobRegistry):
                         _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
                         record.job, record.scheduled_at, record.run_id, exc,
                     )  # fmt: skip
+            if self._state != "running":
+                continue
             for _, _, state in batch:
-                if state is not None:
-                    await self._start_waiting(state)
+                if state is not None and (state.pending or state.backlog) and not state.running:
+                    await self._start_queued(state)
+            self._start_waiting_for_a_slot()
 
-    async def _start_waiting(self, finished: JobState) -> None:
-        """After a run ends: its job's queued tick, then ticks waiting for a free slot."""
-        if self._state != "running":
-            return
+    async def _start_queued(self, finished: JobState) -> None:
+        """After a run of ``finished`` ended: its queued tick or its next catch-up tick."""
         pending = finished.pending
-        if pending is not None and finished.running == 0:
+        if pending is not None:
             finished.pending = None
             if finished.spec.overlap != "allow" and not await self.backend.lock(pending):
                 self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
@@ -624,10 +647,12 @@ class Engine(JobRegistry):
                 locked = Claim(pending.job, pending.scheduled_at, pending.status,
                                pending.run_id, finished.spec.overlap != "allow")  # fmt: skip
                 self._start(finished, locked)
-        if finished.backlog and finished.running == 0:
+        if finished.backlog and not finished.running:
             with self._lock:
                 self._immediate.append(Tick(finished.spec.name, finished.backlog.popleft()))
             self._poke()
+
+    def _start_waiting_for_a_slot(self) -> None:
         limit = self.max_concurrent_jobs
         while self._waiting and (limit is None or len(self._active) < limit):
             state, claim = self._waiting.popleft()
