@@ -70,6 +70,7 @@ class _Run:
     timed_out: bool = False
     abandoned: bool = False
     finished: bool = False
+    why: str | None = None  # what cut the run off, for the ledger
     task: asyncio.Task[None] | None = None
 
 
@@ -189,6 +190,7 @@ class Engine(JobRegistry):
         tasks = []
         for run in list(self._active):
             run.abandoned = True
+            run.why = "the scheduler shut down before the run returned"
             run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
@@ -293,7 +295,7 @@ class Engine(JobRegistry):
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
-        return not (self._active or self._waiting or self._releases or self._tasks)
+        return not (self._active or self._waiting or self._releases or self._tasks or self._done)
 
     def _quiet_may_have_changed(self, *_: object) -> None:
         if self._quiet_changed is not None:
@@ -317,16 +319,23 @@ class Engine(JobRegistry):
                     state.backlog = deque(due[1:])
             if missed:
                 await self._record_missed(
-                    [Tick(name, t) for t in missed], {name} if truncated else set()
+                    [Tick(name, t) for t in missed],
+                    {name} if truncated else set(),
+                    "no replica ran it when it fell due (caught up on start)",
                 )
         return runs
 
-    async def _record_missed(self, ticks: list[Tick], truncated: set[str]) -> None:
-        records = [self._record_of(t.job, t.scheduled_at, Outcome.MISSED) for t in ticks]
+    async def _record_missed(
+        self, ticks: list[Tick], truncated: set[str], why: str = "a later tick was due"
+    ) -> None:
+        missed, replica = Outcome.MISSED, self.replica_id
+        records = [
+            RunRecord(t.job, t.scheduled_at, missed, replica, None, None, None, why) for t in ticks
+        ]
         recorded = await self.backend.record_unclaimed(records)
         for record, ours in zip(records, recorded, strict=True):
             if ours:
-                self._report(record, self._jobs.get(record.job), detail="a later tick was due")
+                self._report(record, self._jobs.get(record.job), detail=why)
         for name in truncated:
             self.observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
 
@@ -493,6 +502,7 @@ class Engine(JobRegistry):
             if run.finished:
                 continue
             run.timed_out = True
+            run.why = f"passed its timeout of {run.job.spec.timeout}"
             run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
@@ -519,6 +529,7 @@ class Engine(JobRegistry):
             if run.claim.run_id not in lost or run.finished:
                 continue
             run.abandoned = True
+            run.why = "lost its lock with the backend session"
             run.ctx.cancel()
             if run.task is not None:
                 run.task.cancel()
@@ -552,7 +563,7 @@ class Engine(JobRegistry):
                 )  # fmt: skip
         else:
             outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
-        text = None if error is None else f"{type(error).__name__}: {error}"
+        text = run.why if error is None else f"{type(error).__name__}: {error}"
         record = RunRecord(
             claim.job, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
             run.started_at, finished, text,
@@ -569,17 +580,12 @@ class Engine(JobRegistry):
     def _record(
         self, state: JobState, claim: Claim, outcome: Outcome, detail: str, unlock: bool = False
     ) -> None:
-        record = self._record_of(state.spec.name, claim.scheduled_at, outcome, claim.run_id)
+        record = RunRecord(
+            state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
+            None, None, detail,
+        )  # fmt: skip
         self._report(record, state, detail=detail)
         self._queue_release(record, unlock, None)
-
-    def _record_of(
-        self, job: str, tick: datetime, outcome: Outcome, run_id: int | None = None,
-        started: datetime | None = None, finished: datetime | None = None,
-        error: BaseException | None = None,
-    ) -> RunRecord:  # fmt: skip
-        text = None if error is None else f"{type(error).__name__}: {error}"
-        return RunRecord(job, tick, outcome, self.replica_id, run_id, started, finished, text)
 
     def _report(
         self,

@@ -141,41 +141,42 @@ class PostgresBackend:
         self._held.clear()
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        keys = [self.lock_key(r.job) for r in requests]
+        # A tick asked for twice in one batch is claimed once: the repeat is TAKEN.
+        unique: dict[tuple[str, datetime], ClaimRequest] = {}
+        for request in requests:
+            unique.setdefault((request.job, request.scheduled_at.astimezone(UTC)), request)
+        batch = list(unique.values())
         rows = await self._fetch(
             "claim",
-            jobs=[r.job for r in requests],
-            ticks=[r.scheduled_at for r in requests],
-            keys=keys,
-            locks=[r.lock for r in requests],
+            jobs=[r.job for r in batch],
+            ticks=[r.scheduled_at for r in batch],
+            keys=[self.lock_key(r.job) for r in batch],
+            locks=[r.lock for r in batch],
             replica=self.replica_id,
             stale_after=timedelta(seconds=self.stale_after),
         )
         won = {(job, tick.astimezone(UTC)): (run_id, locked) for run_id, job, tick, locked in rows}
         claims = []
-        for request, key in zip(requests, keys, strict=True):
-            result = won.get((request.job, request.scheduled_at.astimezone(UTC)))
+        for request in requests:
+            tick = request.scheduled_at
+            result = won.pop((request.job, tick.astimezone(UTC)), None)
             if result is None:
-                claims.append(
-                    Claim(request.job, request.scheduled_at, ClaimStatus.TAKEN, None, False)
-                )
+                claims.append(Claim(request.job, tick, ClaimStatus.TAKEN, None, False))
                 continue
             run_id, locked = result
             self._open.add(run_id)
             if locked is False:
-                claims.append(
-                    Claim(request.job, request.scheduled_at, ClaimStatus.LOCKED, run_id, False)
-                )
+                claims.append(Claim(request.job, tick, ClaimStatus.LOCKED, None, False))
                 continue
             if locked:
-                self._held[key] = run_id
-            claims.append(
-                Claim(request.job, request.scheduled_at, ClaimStatus.CLAIMED, run_id, bool(locked))
-            )
+                self._held[self.lock_key(request.job)] = run_id
+            claims.append(Claim(request.job, tick, ClaimStatus.CLAIMED, run_id, bool(locked)))
         return claims
 
     async def lock(self, claim: Claim) -> bool:
         key = self.lock_key(claim.job)
+        if key in self._held:  # the session would take it again: it re-enters its locks
+            return False
         [(locked,)] = await self._fetch(
             "lock",
             key=key,
@@ -194,7 +195,7 @@ class PostgresBackend:
             key = self.lock_key(record.job)
             # Unlock only a lock this session still holds for this run: after a lost session
             # the lock is gone, and another replica may hold the key now.
-            if unlock and self._held.get(key) == record.run_id:
+            if unlock and key in self._held and self._held[key] == record.run_id:
                 del self._held[key]
                 unlock_keys.append(key)
                 unlocking.append(record.job)
@@ -225,16 +226,25 @@ class PostgresBackend:
             )  # fmt: skip
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+        first: dict[tuple[str, datetime], RunRecord] = {}
+        for record in records:
+            first.setdefault((record.job, record.scheduled_at.astimezone(UTC)), record)
+        unique = list(first.values())
         rows = await self._fetch(
             "record_unclaimed",
-            jobs=[r.job for r in records],
-            ticks=[r.scheduled_at for r in records],
-            outcomes=[r.outcome.value for r in records],
-            errors=[r.error for r in records],
+            jobs=[r.job for r in unique],
+            ticks=[r.scheduled_at for r in unique],
+            outcomes=[r.outcome.value for r in unique],
+            errors=[r.error for r in unique],
             replica=self.replica_id,
         )
         recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
-        return [(r.job, r.scheduled_at.astimezone(UTC)) in recorded for r in records]
+        answers = []
+        for record in records:  # a record listed twice is recorded once: by its first mention
+            key = (record.job, record.scheduled_at.astimezone(UTC))
+            answers.append(key in recorded)
+            recorded.discard(key)
+        return answers
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", jobs=list(jobs))

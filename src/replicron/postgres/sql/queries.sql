@@ -2,16 +2,18 @@
 -- up to the next such line is the query. Parameters use psycopg's %(name)s style.
 
 -- name: claim
--- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it,
--- and, for the ticks that asked for it, take the job's advisory lock, but only if no other open
--- run of the job is still heartbeating (a run whose replica lost its lock may still be going).
--- CASE fixes the evaluation order, so a lock is never taken and then forgotten.
+-- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it;
+-- then, for the ticks this call inserted that asked for it, take the job's advisory lock, but
+-- only for the first such tick of a job in the batch, and only if no other started run of the
+-- job is still heartbeating (a run whose replica lost its lock may still be going). CASE fixes
+-- the evaluation order, so a lock is never taken and then forgotten. A tick asking for the
+-- lock is inserted as started: if it is refused, it counts as running until it is recorded
+-- skipped_overlap, which the claimant does at once.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[])
         AS r(job, scheduled_at, lock_key, want_lock)
 ), inserted AS (
-    -- A tick that asks for the lock runs at once if it gets it, so it counts as started.
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(),
@@ -19,20 +21,27 @@ WITH request AS MATERIALIZED (
     FROM request
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at
+), won AS MATERIALIZED (
+    SELECT inserted.run_id, inserted.job, inserted.scheduled_at, request.lock_key,
+           request.want_lock,
+           row_number() OVER (PARTITION BY inserted.job, request.want_lock
+                              ORDER BY inserted.scheduled_at) AS nth
+    FROM inserted JOIN request USING (job, scheduled_at)
 )
-SELECT inserted.run_id, inserted.job, inserted.scheduled_at,
+SELECT run_id, job, scheduled_at,
        CASE
-           WHEN NOT request.want_lock THEN NULL
-           WHEN NOT pg_try_advisory_lock(request.lock_key) THEN false
+           WHEN NOT want_lock THEN NULL
+           WHEN nth > 1 THEN false
+           WHEN NOT pg_try_advisory_lock(lock_key) THEN false
            WHEN EXISTS (
                SELECT 1 FROM replicron_runs other
-               WHERE other.namespace = %(namespace)s AND other.job = request.job
+               WHERE other.namespace = %(namespace)s AND other.job = won.job
                  AND other.outcome IS NULL AND other.started_at IS NOT NULL
                  AND other.heartbeat_at > now() - %(stale_after)s::interval
-           ) THEN NOT pg_advisory_unlock(request.lock_key)
+           ) THEN NOT pg_advisory_unlock(lock_key)
            ELSE true
        END AS locked
-FROM inserted JOIN request USING (job, scheduled_at);
+FROM won;
 
 -- name: lock
 -- Take the lock for a tick claimed earlier (a queued run), with the same overlap check, and
@@ -66,7 +75,7 @@ WITH ended AS MATERIALIZED (
 ), recorded AS (
     UPDATE replicron_runs run
     SET outcome = ended.outcome,
-        started_at = coalesce(run.started_at, ended.started_at),
+        started_at = coalesce(ended.started_at, run.started_at),
         finished_at = coalesce(ended.finished_at, now()),
         error = ended.error,
         heartbeat_at = NULL
