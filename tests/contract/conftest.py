@@ -1,0 +1,184 @@
+"""One backend contract, every backend.
+
+The ``backends`` fixture is parametrised over :data:`STORES`: each entry makes a *store* (the
+shared state replicas coordinate through: one ``MemoryState``, one fresh PostgreSQL database)
+and knows how to make a handle on it and how to read back the outcomes it recorded. A new
+backend (``embedded``) is one more entry.
+
+Tests drive the handles on one event loop per test (:class:`asyncio.Runner`, no
+pytest-asyncio): ``backends.run(main())`` where ``main`` opens its handles with
+``await backends.open(n)``. Every handle opened is closed at teardown, on that same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from replicron.backends.base import Backend
+from replicron.backends.memory import MemoryBackend, MemoryState
+from replicron.postgres import PostgresBackend
+
+T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "xfail_backend(*names, reason): strict xfail of a contract test on the named backends "
+        "(a known bug of that backend, reported with a reproducer)",
+    )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A tick's recorded outcome as the store keeps it."""
+
+    outcome: str
+    replica_id: str
+    error: str | None
+
+
+class Store(Protocol):
+    """The state shared by the handles of one backend (what replicas coordinate through)."""
+
+    def new_handle(self) -> Backend:
+        """A new, unopened handle on this store."""
+
+    def recorded(self, job: str) -> dict[datetime, Recorded]:
+        """Tick -> recorded outcome, for every tick of ``job`` with an outcome."""
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.state = MemoryState()
+
+    def new_handle(self) -> Backend:
+        return MemoryBackend(self.state)
+
+    def recorded(self, job: str) -> dict[datetime, Recorded]:
+        return {
+            r.scheduled_at: Recorded(r.outcome.value, r.replica_id, r.error)
+            for r in self.state.history(job)
+        }
+
+
+class PostgresStore:
+    #: The housekeeper (heartbeats, janitor) sleeps this long first: it never runs during a
+    #: test, so what a test sees is what its own calls did.
+    HEARTBEAT_INTERVAL = 3600.0
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def new_handle(self) -> Backend:
+        return PostgresBackend(self.dsn, heartbeat_interval=self.HEARTBEAT_INTERVAL)
+
+    def recorded(self, job: str) -> dict[datetime, Recorded]:
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT scheduled_at, outcome, replica_id, error FROM replicron_runs"
+                " WHERE job = %s AND outcome IS NOT NULL",
+                [job],
+            ).fetchall()
+        return {tick: Recorded(outcome, replica, error) for tick, outcome, replica, error in rows}
+
+
+def server_dsn() -> str:
+    dsn = os.environ.get("REPLICRON_TEST_DSN")
+    if not dsn:
+        pytest.skip("REPLICRON_TEST_DSN is not set")
+    return dsn
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, empty database on the test server (dropped afterwards); yields its DSN."""
+    server = server_dsn()
+    name = f"replicron_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(server, dbname=name)
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def memory_store() -> Iterator[Store]:
+    yield MemoryStore()
+
+
+@contextmanager
+def postgres_store() -> Iterator[Store]:
+    with fresh_database() as dsn:
+        yield PostgresStore(dsn)
+
+
+#: Backend name -> a context manager making one store. Add a backend here.
+STORES: dict[str, Callable[[], AbstractContextManager[Store]]] = {
+    "memory": memory_store,
+    "postgres": postgres_store,
+}
+
+
+class Backends:
+    """Handles on one store of one backend, and the event loop that drives them."""
+
+    def __init__(self, name: str, store: Store, runner: asyncio.Runner) -> None:
+        self.name = name
+        self.store = store
+        self._runner = runner
+        self._opened: list[Backend] = []
+        self._replica_ids: dict[int, str] = {}
+
+    async def open(self, count: int) -> list[Backend]:
+        """``count`` new handles on the shared store, opened as ``replica-<n>`` (n counting
+        on across calls, so every handle of a test has its own replica id)."""
+        handles = []
+        for _ in range(count):
+            handle = self.store.new_handle()
+            replica_id = f"replica-{len(self._opened)}"
+            self._opened.append(handle)
+            self._replica_ids[id(handle)] = replica_id
+            await handle.open(replica_id)
+            handles.append(handle)
+        return handles
+
+    def replica_id(self, handle: Backend) -> str:
+        return self._replica_ids[id(handle)]
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(main)
+
+    def recorded(self, job: str) -> dict[datetime, Recorded]:
+        return self.store.recorded(job)
+
+    async def close_all(self) -> None:
+        for handle in self._opened:
+            await handle.close()
+
+
+@pytest.fixture(params=list(STORES))
+def backends(request: pytest.FixtureRequest) -> Iterator[Backends]:
+    name: str = request.param
+    for mark in request.node.iter_markers("xfail_backend"):
+        if name in mark.args:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=mark.kwargs["reason"]))
+    with STORES[name]() as store, asyncio.Runner() as runner:
+        harness = Backends(name, store, runner)
+        try:
+            yield harness
+        finally:
+            runner.run(harness.close_all())
