@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from replicron import Listener, Outcome, RunEvent
@@ -99,3 +100,35 @@ def assert_no_tasks_left() -> None:
     current = asyncio.current_task()
     left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
     assert not left, f"tasks left running: {left}"
+
+
+def server_dsn() -> str:
+    """The PostgreSQL server tests may use (REPLICRON_TEST_DSN); skips the test without one."""
+    import os
+
+    import pytest
+
+    dsn = os.environ.get("REPLICRON_TEST_DSN")
+    if not dsn:
+        pytest.skip("REPLICRON_TEST_DSN is not set")
+    return dsn
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str = "replicron_test") -> Iterator[str]:
+    """A new, empty database on the test server, dropped with its sessions afterwards;
+    yields its DSN."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    server = server_dsn()
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(server, dbname=name)
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

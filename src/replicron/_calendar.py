@@ -129,9 +129,11 @@ class DailyDays(DayRule):
 
 
 class WeeklyDays(DayRule):
-    def __init__(self, weekdays: frozenset[int]) -> None:
+    """Weekdays as Python numbers them (Monday = 0)."""
+
+    def __init__(self, days: frozenset[int]) -> None:
         super().__init__()
-        self.weekdays = weekdays
+        self.weekdays = days
 
     def compute_days(self, year: int, month: int) -> list[int]:
         first_weekday = date(year, month, 1).weekday()

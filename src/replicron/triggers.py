@@ -209,9 +209,12 @@ class DailyTrigger(_CalendarTrigger):
         return f"daily(at={self._at_repr()}{extra}{self._tz_repr()})"
 
 
-class WeeklyTrigger(_CalendarTrigger):
+class _DaysTrigger(_CalendarTrigger):
+    """Weekly and monthly triggers: listed days at listed times."""
+
     __slots__ = ("days",)
     days: frozenset[int]
+    _name: str
 
     def __init__(
         self,
@@ -220,35 +223,40 @@ class WeeklyTrigger(_CalendarTrigger):
         *,
         tz: str | tzinfo | None = None,
     ) -> None:
-        weekdays = _calendar.parse_weekdays(days)
-        self._setup(_calendar.WeeklyDays(weekdays), at, tz, days=weekdays)
+        parsed = self._parse_days(days)
+        self._setup(self._day_rule(parsed), at, tz, days=parsed)
+
+    @staticmethod
+    @abstractmethod
+    def _parse_days(days: object) -> frozenset[int]: ...
+
+    @staticmethod
+    @abstractmethod
+    def _day_rule(days: frozenset[int]) -> DayRule: ...
 
     def _identity(self) -> tuple[object, ...]:
         return (self.days, self.at, self.tz)
 
     def __repr__(self) -> str:
-        return f"weekly(days={sorted(self.days)}, at={self._at_repr()}{self._tz_repr()})"
+        return f"{self._name}(days={sorted(self.days)}, at={self._at_repr()}{self._tz_repr()})"
 
 
-class MonthlyTrigger(_CalendarTrigger):
-    __slots__ = ("days",)
-    days: frozenset[int]
+class WeeklyTrigger(_DaysTrigger):
+    """On listed weekdays (Monday = 0) at listed times."""
 
-    def __init__(
-        self,
-        days: object,
-        at: TimeOfDay | Iterable[TimeOfDay] = "00:00",
-        *,
-        tz: str | tzinfo | None = None,
-    ) -> None:
-        month_days = _calendar.parse_month_days(days)
-        self._setup(_calendar.MonthlyDays(month_days), at, tz, days=month_days)
+    __slots__ = ()
+    _name = "weekly"
+    _parse_days = staticmethod(_calendar.parse_weekdays)
+    _day_rule = staticmethod(_calendar.WeeklyDays)
 
-    def _identity(self) -> tuple[object, ...]:
-        return (self.days, self.at, self.tz)
 
-    def __repr__(self) -> str:
-        return f"monthly(days={sorted(self.days)}, at={self._at_repr()}{self._tz_repr()})"
+class MonthlyTrigger(_DaysTrigger):
+    """On listed days of the month (negative: from the end) at listed times."""
+
+    __slots__ = ()
+    _name = "monthly"
+    _parse_days = staticmethod(_calendar.parse_month_days)
+    _day_rule = staticmethod(_calendar.MonthlyDays)
 
 
 class IntervalTrigger(_Frozen):

@@ -8,12 +8,10 @@ the run (section "acceptance summary") and on the test's captured output.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,9 +20,9 @@ from typing import IO, Any, TypeVar
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from tests.acceptance.replica import SCHEMA
+from tests.helpers import fresh_database
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -34,25 +32,11 @@ SUMMARY = pytest.StashKey[list[str]]()
 CLUSTER = pytest.StashKey["Cluster"]()
 
 
-def _server_dsn() -> str:
-    dsn = os.environ.get("REPLICRON_TEST_DSN")
-    if not dsn:
-        pytest.skip("REPLICRON_TEST_DSN is not set")
-    return dsn
-
-
 @pytest.fixture
 def dsn() -> Iterator[str]:
     """A fresh database for the test, dropped (with its sessions) afterwards."""
-    server = _server_dsn()
-    name = f"replicron_acc_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(server, dbname=name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with fresh_database("replicron_acc") as url:
+        yield url
 
 
 @pytest.fixture

@@ -13,8 +13,6 @@ pytest-asyncio): ``backends.run(main())`` where ``main`` opens its handles with
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -23,11 +21,11 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from replicron.backends.base import Backend
 from replicron.backends.memory import MemoryBackend, MemoryState
 from replicron.postgres import PostgresBackend
+from tests.helpers import fresh_database
 
 T = TypeVar("T")
 
@@ -92,27 +90,6 @@ class PostgresStore:
                 [job],
             ).fetchall()
         return {tick: Recorded(outcome, replica, error) for tick, outcome, replica, error in rows}
-
-
-def server_dsn() -> str:
-    dsn = os.environ.get("REPLICRON_TEST_DSN")
-    if not dsn:
-        pytest.skip("REPLICRON_TEST_DSN is not set")
-    return dsn
-
-
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    """A new, empty database on the test server (dropped afterwards); yields its DSN."""
-    server = server_dsn()
-    name = f"replicron_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(server, dbname=name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 @contextmanager

@@ -6,30 +6,14 @@ fails when the server cannot be reached.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
-
-def _server_dsn() -> str:
-    dsn = os.environ.get("REPLICRON_TEST_DSN")
-    if not dsn:
-        pytest.skip("REPLICRON_TEST_DSN is not set")
-    return dsn
+from tests.helpers import fresh_database
 
 
 @pytest.fixture
 def dsn() -> Iterator[str]:
-    server = _server_dsn()
-    name = f"replicron_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_conninfo(server, dbname=name)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with fresh_database() as url:
+        yield url
