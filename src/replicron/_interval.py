@@ -42,6 +42,7 @@ class IntervalRule:
     interval: timedelta | None
     jitter: timedelta | None
     between: tuple[timedelta, timedelta] | None
+    anchor_given: bool = field(default=False, compare=False)
     _anchor_us: int = field(init=False, repr=False, compare=False)
     _step_us: int = field(init=False, repr=False, compare=False)
 
@@ -124,11 +125,12 @@ def make_interval_rule(
         raise InvalidIntervalError("give every() a timedelta or seconds=/minutes=/..., not both")
     if interval is None and parts_given:
         interval = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days)
+    given = anchor is not None
     anchor = EPOCH if anchor is None else anchor
     if between is not None:
         if interval is not None or jitter is not None:
             raise InvalidIntervalError("between= replaces the interval and jitter; give it alone")
-        return IntervalRule(anchor, None, None, _bounds(between))
+        return IntervalRule(anchor, None, None, _bounds(between), given)
     if interval is None:
         raise InvalidIntervalError("every() needs an interval, e.g. every(minutes=5)")
     if interval <= timedelta(0):
@@ -144,7 +146,7 @@ def make_interval_rule(
             raise InvalidIntervalError(
                 f"jitter {jitter_delta} must be shorter than the interval {interval}"
             )
-    return IntervalRule(anchor, interval, jitter_delta or None, None)
+    return IntervalRule(anchor, interval, jitter_delta or None, None, given)
 
 
 def _bounds(between: Any) -> tuple[timedelta, timedelta]:

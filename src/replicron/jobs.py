@@ -93,6 +93,8 @@ def build_job_spec(
                 require_aware(instant, label)
             except (TypeError, ValueError) as exc:
                 raise bad(label, str(exc)) from None
+    if start_at is not None and isinstance(trigger, IntervalTrigger):
+        trigger = trigger.with_default_anchor(start_at)  # intervals count from start_at
     if start_at is not None and stop_at is not None and stop_at <= start_at:
         raise bad("stop_at", f"{stop_at.isoformat()} is not after start_at {start_at.isoformat()}")
     return JobSpec(

@@ -9,6 +9,7 @@ ticks. Build triggers with :func:`cron`, :func:`every`, :func:`daily`, :func:`we
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from abc import ABC, abstractmethod
 from bisect import bisect_right
@@ -292,6 +293,14 @@ class IntervalTrigger(_Frozen):
     def for_job(self, name: str) -> IntervalTrigger:
         """A copy whose random parts are keyed by the job name ``name``."""
         return IntervalTrigger(self._rule, check_job_name(name))
+
+    def with_default_anchor(self, instant: datetime) -> IntervalTrigger:
+        """This trigger, or, if it was built without ``anchor=``, a copy anchored at
+        ``instant`` (a job's ``start_at``: its ticks then fall at start_at + n * interval)."""
+        if self._rule.anchor_given:
+            return self
+        rule = dataclasses.replace(self._rule, anchor=require_aware(instant), anchor_given=True)
+        return IntervalTrigger(rule, self.key)
 
     def next_after(self, instant: datetime, /) -> datetime | None:
         return self._rule.next_after(require_aware(instant), self.key)

@@ -443,3 +443,17 @@ def test_a_job_that_could_never_run_is_refused(scheduler: Scheduler, clock: Fake
         job.update(stop_at=START)
     assert job.spec.stop_at is None
     assert job.next_run() == START + timedelta(hours=1, seconds=1)
+
+
+def test_start_at_anchors_interval_jobs_built_without_an_anchor(scheduler: Scheduler) -> None:
+    start = START + timedelta(minutes=7, seconds=3)
+    floating = scheduler.add_job(every(minutes=5), noop, name="floating", start_at=start)
+    assert floating.next_runs(2) == [start, start + timedelta(minutes=5)]
+    pinned_anchor = START + timedelta(seconds=1)
+    pinned = scheduler.add_job(
+        every(minutes=5, anchor=pinned_anchor), noop, name="pinned", start_at=start
+    )
+    assert pinned.next_runs(2) == [
+        pinned_anchor + timedelta(minutes=10),
+        pinned_anchor + timedelta(minutes=15),
+    ]
