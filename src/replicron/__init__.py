@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .backends import Backend, MemoryBackend, MemoryState
+from .backends import Backend, EmbeddedBackend, MemoryBackend, MemoryState
 from .clock import Clock, SystemClock
 from .context import RunContext, current_run
 from .errors import (
@@ -24,6 +24,7 @@ from .errors import (
     PastInstantError,
     ReplicronError,
     SchedulerClosedError,
+    StateDirError,
 )
 from .events import Listener, Outcome, RunEvent
 from .jobs import Job
@@ -59,6 +60,7 @@ __all__ = [
     "CronTrigger",
     "DailyTrigger",
     "DuplicateJobError",
+    "EmbeddedBackend",
     "ForkedSchedulerError",
     "IntervalTrigger",
     "InvalidDayError",
@@ -84,6 +86,7 @@ __all__ = [
     "RunEvent",
     "Scheduler",
     "SchedulerClosedError",
+    "StateDirError",
     "SystemClock",
     "Trigger",
     "WallClockTrigger",

@@ -26,6 +26,7 @@ __all__ = [
     "PastInstantError",
     "ReplicronError",
     "SchedulerClosedError",
+    "StateDirError",
 ]
 
 
@@ -53,6 +54,19 @@ class CronSyntaxError(ConfigurationError):
         else:
             message = f"{reason} (cron expression {expression!r})"
         super().__init__(message)
+
+
+class StateDirError(ConfigurationError):
+    """The embedded backend's state directory or ledger cannot be used: not a directory, not
+    writable, not a SQLite database, written by a newer replicron, no working file locks.
+
+    ``path`` is the file or directory at fault, ``problem`` what is wrong with it.
+    """
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = str(path)
+        self.problem = " ".join(problem.split())  # one line, whatever the OS said
+        super().__init__(f"replicron state {self.path}: {self.problem}")
 
 
 class InvalidTimezoneError(ConfigurationError):

@@ -1,7 +1,8 @@
 """One backend contract, every backend.
 
 The ``backends`` fixture is parametrised over :data:`STORES`: each entry makes a *store* (the
-shared state replicas coordinate through: one ``MemoryState``, one fresh PostgreSQL database)
+shared state replicas coordinate through: one ``MemoryState``, one fresh PostgreSQL database,
+one fresh embedded state directory)
 and knows how to make a handle on it and how to read back the outcomes it recorded. A new
 backend (``embedded``) is one more entry.
 
@@ -13,16 +14,21 @@ pytest-asyncio): ``backends.run(main())`` where ``main`` opens its handles with
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import tempfile
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import psycopg
 import pytest
 
+from replicron._tz import UTC
 from replicron.backends.base import Backend
+from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
 from replicron.backends.memory import MemoryBackend, MemoryState
 from replicron.postgres import PostgresBackend
 from tests.helpers import fresh_database
@@ -92,6 +98,33 @@ class PostgresStore:
         return {tick: Recorded(outcome, replica, error) for tick, outcome, replica, error in rows}
 
 
+class EmbeddedStore:
+    #: As for PostgreSQL: the janitor runs at open (finding nothing) and never again in a test.
+    JANITOR_INTERVAL = 3600.0
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def new_handle(self) -> Backend:
+        return EmbeddedBackend(self.state_dir, janitor_interval=self.JANITOR_INTERVAL)
+
+    def recorded(self, job: str) -> dict[datetime, Recorded]:
+        conn = sqlite3.connect(self.state_dir / LEDGER_NAME)
+        try:
+            rows = conn.execute(
+                "SELECT scheduled_at, outcome, replica_id, error FROM replicron_runs"
+                " WHERE job = ? AND outcome IS NOT NULL",
+                [job],
+            ).fetchall()
+        finally:
+            conn.close()
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        return {
+            epoch + timedelta(microseconds=tick): Recorded(outcome, replica, error)
+            for tick, outcome, replica, error in rows
+        }
+
+
 @contextmanager
 def memory_store() -> Iterator[Store]:
     yield MemoryStore()
@@ -103,10 +136,17 @@ def postgres_store() -> Iterator[Store]:
         yield PostgresStore(dsn)
 
 
+@contextmanager
+def embedded_store() -> Iterator[Store]:
+    with tempfile.TemporaryDirectory(prefix="replicron-contract-") as state_dir:
+        yield EmbeddedStore(Path(state_dir))
+
+
 #: Backend name -> a context manager making one store. Add a backend here.
 STORES: dict[str, Callable[[], AbstractContextManager[Store]]] = {
     "memory": memory_store,
     "postgres": postgres_store,
+    "embedded": embedded_store,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .embedded import EmbeddedBackend
 from .memory import MemoryBackend, MemoryState
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "Claim",
     "ClaimRequest",
     "ClaimStatus",
+    "EmbeddedBackend",
     "MemoryBackend",
     "MemoryState",
     "Release",

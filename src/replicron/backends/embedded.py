@@ -1,0 +1,415 @@
+"""The embedded backend: several processes on one host coordinate through a state directory.
+
+No server: gunicorn/uvicorn workers or a few daemons on one machine share ``state_dir``.
+
+* **Once per tick**: a tick is claimed by inserting its unique ``(job, scheduled_at)`` row into
+  the SQLite ledger ``state_dir/replicron.sqlite3`` (WAL) with ``ON CONFLICT DO NOTHING``; one
+  transaction per batch of claims. Exactly one process's insert succeeds, whatever the timing.
+* **No overlap**: a run holds the job's OS file lock ``state_dir/locks/<key>.lock`` (``flock``
+  through :mod:`filelock`, never waiting), which the kernel drops when the process dies, plus an
+  in-process guard (a process must not take a lock it holds; ``filelock`` locks re-enter). A run
+  may start only if it gets the lock *and* no other started, unfinished run of the job belongs
+  to a live process (a run whose lock was dropped may still be going).
+* **Nothing left open**: rows record their claimant's pid; the open rows of a process that died
+  are recorded ``abandoned`` when another process takes the job's lock, and by a janitor that
+  runs at :meth:`~EmbeddedBackend.open` and every ``janitor_interval`` seconds during claims.
+
+SQLite calls block, but each is one short transaction: they run on the caller's loop directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from replicron.errors import ConfigurationError, StateDirError
+from replicron.keys import job_lock_key
+
+from ._ledger import Ledger, from_us, now_us, process_start, to_us
+from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+
+if TYPE_CHECKING:
+    from filelock import FileLock
+
+__all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
+
+logger = logging.getLogger("replicron")
+
+LEDGER_NAME = "replicron.sqlite3"
+LOCKS_DIR = "locks"
+_MASK64 = (1 << 64) - 1
+#: Rows deleted per transaction, and transactions per janitor run, when pruning.
+_PRUNE_BATCH, _PRUNE_BATCHES = 1000, 20
+
+#: Lock files held by any handle in this process: ``flock`` keeps handles of one process apart
+#: too, but not where the system emulates it with ``fcntl`` locks (NFS, some Unixes).
+_process_held: set[str] = set()
+_process_guard = threading.Lock()
+
+
+class EmbeddedBackend:
+    """Coordinates the processes of one host that share ``state_dir`` (created if missing).
+
+    ``busy_timeout``: how long a write waits for another process's transaction (seconds).
+    Finished rows older than ``retention`` are pruned, keeping each job's latest; the janitor
+    (abandoning the open rows of dead processes, pruning) runs every ``janitor_interval``
+    seconds, when claims are made.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 5.0,
+        retention: timedelta = timedelta(days=14),
+        janitor_interval: float = 60.0,
+    ) -> None:
+        if sys.platform == "win32":
+            raise ConfigurationError("EmbeddedBackend needs a POSIX system (Linux, macOS, BSD)")
+        if sqlite3.sqlite_version_info < (3, 24, 0):
+            raise ConfigurationError(
+                "EmbeddedBackend needs SQLite 3.24 or later;"
+                f" this Python has {sqlite3.sqlite_version}"
+            )
+        if not busy_timeout > 0:
+            raise ConfigurationError("busy_timeout must be positive")
+        if not janitor_interval > 0:
+            raise ConfigurationError("janitor_interval must be positive")
+        if retention <= timedelta(0):
+            raise ConfigurationError("retention must be positive")
+        self.state_dir = Path(state_dir)
+        self.busy_timeout = busy_timeout
+        self.retention = retention
+        self.janitor_interval = janitor_interval
+        self.replica_id = ""
+        self._ledger: Ledger | None = None
+        self._locks_dir = self.state_dir / LOCKS_DIR
+        self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
+        self._keys: dict[int, str] = {}  # lock key -> registered job name
+        # lock key -> this handle's lock object and its path
+        self._file_locks: dict[int, tuple[FileLock, str]] = {}
+        self._held: dict[int, int] = {}  # lock key -> run id holding it in this handle
+        self._open: set[tuple[str, int]] = set()  # (job, tick) of our claimed, unrecorded ticks
+        self._pid = os.getpid()
+        self._pid_start: int | None = None
+        self._next_janitor = 0.0
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.state_dir / LEDGER_NAME
+
+    # ---- Backend protocol ----------------------------------------------------------------
+
+    def register_job(self, name: str) -> None:
+        key = job_lock_key(name)
+        other = self._keys.get(key)
+        if other is not None and other != name:
+            raise ConfigurationError(
+                f"job {name!r} has the same lock key ({key}) as job {other!r}: rename one"
+            )
+        self._keys[key] = name
+
+    def unregister_job(self, name: str) -> None:
+        self._keys.pop(job_lock_key(name), None)
+
+    def lock_path(self, job: str) -> Path:
+        """The job's lock file: its lock key as 16 hex digits."""
+        return self._locks_dir / f"{job_lock_key(job) & _MASK64:016x}.lock"
+
+    async def open(
+        self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
+    ) -> None:
+        if self._ledger is not None:
+            raise ConfigurationError("this EmbeddedBackend is open already")
+        self.replica_id = replica_id
+        if on_lock_lost is not None:  # never called: a file lock is only lost with its process
+            self._on_lock_lost = on_lock_lost
+        self._pid = os.getpid()
+        self._pid_start = process_start(self._pid)
+        directory = _prepare_state_dir(self.state_dir)
+        ledger = Ledger(directory / LEDGER_NAME, self.busy_timeout)
+        try:
+            _prepare_locks_dir(directory / LOCKS_DIR)
+            self._janitor(ledger)
+        except sqlite3.Error as exc:
+            ledger.close()
+            raise StateDirError(ledger.path, f"cannot be updated: {exc}") from exc
+        except BaseException:
+            ledger.close()
+            raise
+        self._locks_dir = directory / LOCKS_DIR
+        self._ledger = ledger
+        self._next_janitor = time.monotonic() + self.janitor_interval
+
+    async def close(self) -> None:
+        ledger, self._ledger = self._ledger, None
+        try:
+            if ledger is not None and self._open:
+                # Ticks we claimed and never recorded (close without the engine's shutdown):
+                # nobody else could tell that they ended while this process lives on.
+                with ledger.write() as conn:
+                    conn.executemany(
+                        "UPDATE replicron_runs SET outcome = 'abandoned', finished_at = ?,"
+                        " error = ? WHERE job = ? AND scheduled_at = ? AND outcome IS NULL",
+                        [(now_us(), f"replica {self.replica_id} closed its backend first",
+                          job, tick) for job, tick in self._open],
+                    )  # fmt: skip
+        except sqlite3.Error as exc:
+            logger.error("could not record the open ticks abandoned at close: %s", exc,
+                         extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
+        finally:
+            self._open.clear()
+            for key in list(self._held):
+                self._unlock(key)
+            self._file_locks.clear()
+            if ledger is not None:
+                ledger.close()
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        ledger = self._require()
+        self._maybe_janitor(ledger)
+        # A tick asked for twice in one batch is claimed once: the repeat is TAKEN.
+        unique: dict[tuple[str, int], bool] = {}
+        for request in requests:
+            unique.setdefault((request.job, to_us(request.scheduled_at)), request.lock)
+        # (job, tick) -> (run id, locked); run id None: LOCKED; locked None: no lock asked.
+        won: dict[tuple[str, int], tuple[int | None, bool | None]] = {}
+        taken: list[int] = []  # lock keys this call took
+        try:
+            with ledger.write() as conn:
+                inserted = []
+                for (job, tick), want_lock in unique.items():
+                    run_id = Ledger.insert_tick(
+                        conn, job, tick, self.replica_id, self._pid, self._pid_start
+                    )
+                    if run_id is not None:
+                        inserted.append((job, tick, want_lock, run_id))
+                tried: set[str] = set()
+                # The lock goes to the earliest tick of a job; its other ticks are LOCKED.
+                for job, tick, want_lock, run_id in sorted(inserted):
+                    if not want_lock:
+                        won[job, tick] = (run_id, None)
+                        continue
+                    if job in tried or not self._try_lock(job, run_id):
+                        won[job, tick] = (None, False)
+                    else:
+                        taken.append(job_lock_key(job))
+                        if Ledger.running_elsewhere(conn, job, run_id):
+                            self._unlock(taken.pop())
+                            won[job, tick] = (None, False)
+                        else:
+                            Ledger.mark_started(conn, run_id)
+                            won[job, tick] = (run_id, True)
+                    tried.add(job)
+        except BaseException:
+            for key in taken:
+                self._unlock(key)
+            raise
+        self._open.update(won)
+        claims = []
+        for request in requests:
+            job, at = request.job, request.scheduled_at
+            run_id, locked = won.pop((job, to_us(at)), (None, None))
+            if run_id is not None:
+                claims.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked)))
+            elif locked is None:
+                claims.append(Claim(job, at, ClaimStatus.TAKEN, None, False))
+            else:
+                claims.append(Claim(job, at, ClaimStatus.LOCKED, None, False))
+        return claims
+
+    async def lock(self, claim: Claim) -> bool:
+        ledger = self._require()
+        if claim.run_id is None or not self._try_lock(claim.job, claim.run_id):
+            return False
+        try:
+            with ledger.write() as conn:
+                busy = Ledger.running_elsewhere(conn, claim.job, claim.run_id)
+                if not busy:
+                    Ledger.mark_started(conn, claim.run_id)
+        except BaseException:
+            self._unlock(job_lock_key(claim.job))
+            raise
+        if busy:
+            self._unlock(job_lock_key(claim.job))
+        return not busy
+
+    async def release(self, releases: Sequence[Release]) -> None:
+        if not releases:
+            return
+        ledger = self._require()
+        with ledger.write() as conn:
+            recorded = 0
+            for record, _ in releases:
+                recorded += Ledger.record(
+                    conn,
+                    record.job,
+                    to_us(record.scheduled_at),
+                    record.outcome.value,
+                    None if record.started_at is None else to_us(record.started_at),
+                    None if record.finished_at is None else to_us(record.finished_at),
+                    record.error,
+                )
+        # Unlock only after the outcome is committed: whoever takes the lock next must not
+        # find this run still open. And only a lock this handle holds for this very run.
+        for record, unlock in releases:
+            self._open.discard((record.job, to_us(record.scheduled_at)))
+            key = job_lock_key(record.job)
+            if unlock and record.run_id is not None and self._held.get(key) == record.run_id:
+                self._unlock(key)
+        if recorded != len(releases):
+            logger.error(
+                "%d of %d outcomes found no ledger row", len(releases) - recorded, len(releases),
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )  # fmt: skip
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+        if not records:
+            return []
+        ledger = self._require()
+        answers = []
+        seen: set[tuple[str, int]] = set()
+        with ledger.write() as conn:
+            for record in records:  # a record listed twice is recorded once: by its first mention
+                tick = to_us(record.scheduled_at)
+                if (record.job, tick) in seen:
+                    answers.append(False)
+                    continue
+                seen.add((record.job, tick))
+                outcome, error = record.outcome.value, record.error
+                answers.append(
+                    Ledger.insert_finished(
+                        conn, record.job, tick, outcome, error, self.replica_id, self._pid
+                    )
+                )
+        return answers
+
+    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+        if not jobs:
+            return {}
+        found = self._require().last_ticks(list(dict.fromkeys(jobs)))
+        return {job: from_us(tick) for job, tick in found.items()}
+
+    # ---- locks -----------------------------------------------------------------------------
+
+    def _try_lock(self, job: str, run_id: int) -> bool:
+        """Take the job's file lock without waiting, unless a handle of this process has it."""
+        import filelock  # on first use: importing it costs other backends' users ~30 ms
+
+        key = job_lock_key(job)
+        if key in self._held:
+            return False
+        path = str(self.lock_path(job))
+        with _process_guard:
+            if path in _process_held:
+                return False
+            _process_held.add(path)
+        try:
+            if key not in self._file_locks:
+                lock = filelock.FileLock(path, timeout=0, thread_local=False)
+                self._file_locks[key] = (lock, path)
+            self._file_locks[key][0].acquire(timeout=0)
+        except filelock.Timeout:
+            self._forget(path)
+            return False
+        except BaseException:
+            self._forget(path)
+            raise
+        self._held[key] = run_id
+        return True
+
+    def _unlock(self, key: int) -> None:
+        self._held.pop(key, None)
+        if key not in self._file_locks:
+            return
+        lock, path = self._file_locks[key]
+        try:
+            lock.release(force=True)
+        finally:
+            self._forget(path)
+
+    @staticmethod
+    def _forget(path: str) -> None:
+        with _process_guard:
+            _process_held.discard(path)
+
+    # ---- housekeeping ----------------------------------------------------------------------
+
+    def _require(self) -> Ledger:
+        if self._ledger is None:
+            raise ConfigurationError("the EmbeddedBackend is not open")
+        return self._ledger
+
+    def _maybe_janitor(self, ledger: Ledger) -> None:
+        now = time.monotonic()
+        if now < self._next_janitor:
+            return
+        self._next_janitor = now + self.janitor_interval
+        try:
+            self._janitor(ledger)
+        except sqlite3.Error as exc:
+            logger.warning("embedded backend housekeeping failed: %s", exc,
+                           extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
+
+    def _janitor(self, ledger: Ledger) -> None:
+        for job, tick, replica in ledger.abandon_dead():
+            logger.warning(
+                "job %r tick %s: the process of replica %s died; recorded abandoned",
+                job, from_us(tick).isoformat(), replica,
+                extra={"event": "abandoned", "job": job, "tick": from_us(tick).isoformat(),
+                       "replica": self.replica_id},
+            )  # fmt: skip
+        for _ in range(_PRUNE_BATCHES):  # a bounded number of short transactions
+            if ledger.prune(self.retention, _PRUNE_BATCH) < _PRUNE_BATCH:
+                break
+
+
+def _prepare_state_dir(path: Path) -> Path:
+    """Create the state directory if needed and check it can be used; its real path."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise StateDirError(path, "exists and is not a directory") from exc
+    except OSError as exc:
+        raise StateDirError(path, f"cannot be created: {exc.strerror or exc}") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StateDirError(path, "is not writable by this process")
+    ledger = path / LEDGER_NAME
+    if ledger.exists() and not ledger.is_file():
+        raise StateDirError(ledger, "is not a regular file")
+    if ledger.exists() and not os.access(ledger, os.R_OK | os.W_OK):
+        raise StateDirError(ledger, "is not readable and writable by this process")
+    return Path(os.path.realpath(path))
+
+
+def _prepare_locks_dir(path: Path) -> None:
+    """Create the lock directory and check that ``flock`` works in it (it does not on some
+    network filesystems, and a lock that does nothing would let runs overlap)."""
+    import fcntl  # POSIX only; the constructor refused other systems
+
+    try:
+        path.mkdir(exist_ok=True)
+        fd = os.open(path / ".probe", os.O_RDWR | os.O_CREAT, 0o644)
+    except FileExistsError as exc:
+        raise StateDirError(path, "exists and is not a directory") from exc
+    except OSError as exc:
+        raise StateDirError(path, f"cannot hold lock files: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pass  # another process is probing at this moment: locks work
+    except OSError as exc:
+        raise StateDirError(
+            path, f"file locks do not work here ({exc.strerror or exc}): use a local filesystem"
+        ) from exc
+    finally:
+        os.close(fd)

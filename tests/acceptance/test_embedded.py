@@ -1,0 +1,339 @@
+"""Several replica processes on one state directory, real time: the embedded backend keeps
+the promises of DESIGN.md §2 and §7 across real processes.
+
+Counts come from two places: the SQLite ledger (``replicron_runs``) and what each process
+printed when its task really ran (``started`` / ``finished`` lines of
+``tests/acceptance/embedded_replica.py``). Each scenario prints one summary line.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import pytest
+from filelock import FileLock, Timeout
+
+from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+T = TypeVar("T")
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    proc: subprocess.Popen[bytes]
+    out_path: Path
+    log_path: Path
+    files: tuple[IO[bytes], IO[bytes]]
+    expected_dead: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    run_id: int
+    job: str
+    tick: datetime
+    replica: str
+    pid: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+
+
+def _time(us: int | None) -> datetime | None:
+    return None if us is None else EPOCH + timedelta(microseconds=us)
+
+
+class Host:
+    """The replica processes of one test, sharing one state directory."""
+
+    def __init__(self, state_dir: Path, log_dir: Path) -> None:
+        self.state_dir, self.log_dir = state_dir, log_dir
+        self.replicas: dict[str, Replica] = {}
+
+    def start(self, replica_id: str, *, job: str, task_ms: int, **extra: float) -> Replica:
+        command = [
+            sys.executable, "-m", "tests.acceptance.embedded_replica",
+            "--state-dir", str(self.state_dir), "--replica-id", replica_id, "--job", job,
+            "--every-s", "1", "--task-ms", str(task_ms), "--seconds", "150",
+        ]  # fmt: skip
+        for name, value in extra.items():
+            command += [f"--{name.replace('_', '-')}", str(value)]
+        out_path = self.log_dir / f"{replica_id}.out"
+        log_path = self.log_dir / f"{replica_id}.log"
+        out, log = out_path.open("wb"), log_path.open("wb")
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=log)
+        replica = Replica(replica_id, proc, out_path, log_path, (out, log))
+        self.replicas[replica_id] = replica
+        return replica
+
+    def events(self, replica_id: str | None = None) -> list[dict[str, Any]]:
+        """Every complete line the replicas (or one) printed so far."""
+        found = []
+        for replica in self.replicas.values():
+            if replica_id is None or replica.replica_id == replica_id:
+                text = replica.out_path.read_text()
+                found += [json.loads(line) for line in text.splitlines(keepends=True)
+                          if line.endswith("\n")]  # fmt: skip
+        return found
+
+    def ledger(self, job: str) -> list[Row]:
+        conn = sqlite3.connect(self.state_dir / LEDGER_NAME, timeout=10)
+        try:
+            rows = conn.execute(
+                "SELECT run_id, job, scheduled_at, replica_id, pid, started_at, finished_at,"
+                " outcome, error FROM replicron_runs WHERE job = ? ORDER BY scheduled_at",
+                [job],
+            ).fetchall()
+        finally:
+            conn.close()
+        return [
+            Row(run_id, job, EPOCH + timedelta(microseconds=tick), replica, pid,
+                _time(started), _time(finished), outcome, error)
+            for run_id, job, tick, replica, pid, started, finished, outcome, error in rows
+        ]  # fmt: skip
+
+    def check_alive(self) -> None:
+        for replica in self.replicas.values():
+            code = replica.proc.poll()
+            if code is not None and not replica.expected_dead:
+                raise AssertionError(f"replica {replica.replica_id} exited early with {code}")
+
+    def wait_until(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+        """Poll ``check`` until it returns something other than None/False; fail after
+        ``timeout`` seconds or as soon as a replica dies unexpectedly."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            result = check()
+            if result is not None and result is not False:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.05)
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        """Wait until every replica runs its scheduler; the epoch time the last one did."""
+
+        def ready() -> float | None:
+            times = {e["replica"]: e["at"] for e in self.events() if e["event"] == "ready"}
+            return max(times.values()) if len(times) == len(self.replicas) else None
+
+        return self.wait_until("the replicas to be ready", ready, timeout)
+
+    def kill(self, replica_id: str) -> None:
+        """SIGKILL the replica and reap it."""
+        replica = self.replicas[replica_id]
+        replica.expected_dead = True
+        replica.proc.send_signal(signal.SIGKILL)
+        replica.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> dict[str, int]:
+        """SIGTERM every live replica at once; their exit codes."""
+        live = [r for r in self.replicas.values() if r.proc.poll() is None]
+        for replica in live:
+            replica.expected_dead = True
+            replica.proc.send_signal(signal.SIGTERM)
+        return {r.replica_id: r.proc.wait(timeout) for r in live}
+
+    def close(self) -> None:
+        for replica in self.replicas.values():
+            if replica.proc.poll() is None:
+                replica.proc.kill()
+            replica.proc.wait(10)
+            for file in replica.files:
+                file.close()
+
+    def logs(self) -> str:
+        parts = []
+        for r in self.replicas.values():
+            parts.append(f"----- {r.replica_id} (exit {r.proc.poll()}) -----\n"
+                         f"{r.log_path.read_text(errors='replace')}")  # fmt: skip
+        return "\n".join(parts)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[Host]:
+    (tmp_path / "state").mkdir()
+    host = Host(tmp_path / "state", tmp_path)
+    try:
+        yield host
+    finally:
+        host.close()
+        print(host.logs())  # shown with the failure report only
+
+
+def lock_is_free(path: Path) -> bool:
+    """Whether another process (this test) can take the lock file at once."""
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    lock.release()
+    return True
+
+
+def lock_file(state_dir: Path, job: str) -> Path:
+    return EmbeddedBackend(state_dir).lock_path(job)
+
+
+def test_four_processes_run_each_tick_exactly_once(
+    host: Host, summary: Callable[[str], None]
+) -> None:
+    job = "every1"
+    for n in range(1, 5):
+        host.start(f"r{n}", job=job, task_ms=20)
+    ready = datetime.fromtimestamp(host.wait_ready(), UTC)
+    # Ticks from the first whole second after all four were up: at least 20 of them, done.
+    first = ready.replace(microsecond=0) + timedelta(seconds=2)
+
+    def enough() -> list[Row] | None:
+        done = [r for r in host.ledger(job) if r.tick >= first and r.outcome is not None]
+        return done if len(done) >= 22 else None
+
+    host.wait_until("22 ticks to be recorded", enough, timeout=60)
+    codes = host.stop()
+    assert codes == dict.fromkeys(("r1", "r2", "r3", "r4"), 0), codes
+
+    ledger = [r for r in host.ledger(job) if r.tick >= first]
+    last = max(r.tick for r in ledger)  # it may have met the shutdown: not counted
+    expected = [first + timedelta(seconds=k) for k in range(round((last - first).total_seconds()))]
+    window = [r for r in ledger if r.tick < last]
+    assert [r.tick for r in window] == expected, "a tick is missing or recorded twice"
+    assert Counter(r.outcome for r in window) == {"succeeded": len(expected)}
+
+    started = [e for e in host.events() if e["event"] == "started" and e["job"] == job]
+    ran = Counter(datetime.fromisoformat(e["tick"]) for e in started)
+    duplicates = sum(count - 1 for count in ran.values())
+    assert duplicates == 0, [tick for tick, count in ran.items() if count > 1]
+    assert all(ran[tick] == 1 for tick in expected), "a tick did not run"
+    by_tick = {datetime.fromisoformat(e["tick"]): e for e in started}
+    for row in window:  # the ledger and the process that ran the tick agree
+        assert (by_tick[row.tick]["replica"], by_tick[row.tick]["run_id"]) == (
+            row.replica,
+            row.run_id,
+        )
+    finished = Counter(e["tick"] for e in host.events() if e["event"] == "finished")
+    assert sum(finished.values()) == len(started)
+    # Nothing left open and no lock left held once all four are down.
+    assert all(r.outcome is not None for r in host.ledger(job))
+    assert lock_is_free(lock_file(host.state_dir, job))
+
+    per_replica = Counter(by_tick[t]["replica"] for t in expected)
+    summary(
+        f"embedded once-per-tick: 4 processes, {len(expected)} ticks, "
+        f"{len(started)} runs in all, {sum(ran[t] for t in expected)} runs in the window, "
+        f"duplicates={duplicates}, by replica {dict(sorted(per_replica.items()))}"
+    )
+
+
+def test_kill_9_of_the_lock_holder_frees_the_job_at_once(
+    host: Host, summary: Callable[[str], None]
+) -> None:
+    job = "slow"
+    for n in range(1, 4):
+        host.start(f"r{n}", job=job, task_ms=60_000, stop_timeout=2)
+    host.wait_ready()
+    path = lock_file(host.state_dir, job)
+
+    def long_run() -> dict[str, Any] | None:
+        runs = [e for e in host.events() if e["event"] == "started"]
+        skipped = [r for r in host.ledger(job) if r.outcome == "skipped_overlap"]
+        # A run that has kept the others out for at least two ticks.
+        return runs[0] if len(runs) == 1 and len(skipped) >= 2 else None
+
+    victim = host.wait_until("a long run to hold the job", long_run, timeout=30)
+    assert not lock_is_free(path), "the running job's lock file is not locked"
+    killed_tick = datetime.fromisoformat(victim["tick"])
+
+    host.kill(victim["replica"])
+    killed_at = time.monotonic()
+    freed = lock_is_free(path)  # the kernel dropped the dead process's lock
+    freed_ms = (time.monotonic() - killed_at) * 1000
+    assert freed, "the killed process's file lock is still held"
+
+    def next_run() -> dict[str, Any] | None:
+        runs = [e for e in host.events() if e["event"] == "started"]
+        later = [e for e in runs if datetime.fromisoformat(e["tick"]) > killed_tick]
+        return later[0] if later else None
+
+    successor = host.wait_until("the next tick to run elsewhere", next_run, timeout=15)
+    took = time.monotonic() - killed_at
+    assert successor["replica"] != victim["replica"]
+    assert took < 5, f"the next run started {took:.1f} s after the kill"
+
+    def abandoned() -> Row | None:
+        [row] = [r for r in host.ledger(job) if r.tick == killed_tick]
+        return row if row.outcome is not None else None
+
+    row = host.wait_until("the killed run to be recorded", abandoned, timeout=10)
+    assert row.outcome == "abandoned", row
+    assert f"process {victim['pid']} " in (row.error or ""), row.error
+    assert (row.replica, row.run_id) == (victim["replica"], victim["run_id"])
+
+    # The successor holds the job now: the next ticks are skipped everywhere else.
+    successor_tick = datetime.fromisoformat(successor["tick"])
+
+    def skipped_after() -> bool:
+        rows = host.ledger(job)
+        return sum(r.tick > successor_tick and r.outcome == "skipped_overlap" for r in rows) >= 2
+
+    host.wait_until("ticks after the handover to be skipped", skipped_after, timeout=15)
+    codes = host.stop()
+    assert set(codes.values()) == {0}, codes
+    ledger = host.ledger(job)
+    assert all(r.outcome is not None for r in ledger), [r for r in ledger if r.outcome is None]
+    ran = sorted(
+        (r for r in ledger if r.started_at is not None and r.outcome != "skipped_overlap"),
+        key=lambda r: r.run_id,
+    )
+    assert [r.tick for r in ran] == [killed_tick, successor_tick]
+    # Never two at once: the successor started once the killed run was recorded ended.
+    assert ran[0].finished_at is not None
+    assert ran[1].started_at is not None
+    assert ran[1].started_at >= ran[0].finished_at, ran
+    assert lock_is_free(path)
+    summary(
+        f"embedded kill -9: lock free {freed_ms:.1f} ms after the kill, next run "
+        f"{took:.2f} s after it on {successor['replica']}, killed run '{row.outcome}', "
+        f"{len(ledger)} ticks recorded, {len(ran)} runs, "
+        f"{sum(r.outcome == 'skipped_overlap' for r in ledger)} skipped_overlap"
+    )
+
+
+def test_a_corrupt_state_file_stops_the_replica_with_one_line(
+    host: Host, summary: Callable[[str], None]
+) -> None:
+    ledger = host.state_dir / LEDGER_NAME
+    garbage = bytes(range(256)) * 64
+    ledger.write_bytes(garbage)
+    replica = host.start("r1", job="every1", task_ms=20)
+    replica.expected_dead = True
+    code = replica.proc.wait(30)
+    lines = replica.log_path.read_text().splitlines()
+    assert code == 2
+    assert lines == [
+        f"embedded_replica: error: replicron state {ledger}: is not a usable SQLite database:"
+        " file is not a database"
+    ]
+    assert host.events() == []
+    assert ledger.read_bytes() == garbage  # nothing written to it
+    assert sorted(p.name for p in host.state_dir.iterdir()) == [LEDGER_NAME]
+    summary(f"embedded corrupt state: exit {code}, {lines[0]}")
