@@ -19,6 +19,10 @@ __all__ = ["MemoryBackend", "MemoryState"]
 
 #: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused.
 TICKS_KEPT = 1024
+#: Outcomes kept per job for :meth:`MemoryState.history`. Kept small: every record stays
+#: tracked by the garbage collector, and with thousands of jobs a long history makes the
+#: collector's full passes long enough to delay runs.
+HISTORY_KEPT = 16
 
 
 @dataclass
@@ -28,7 +32,7 @@ class _JobState:
     lock_holder: tuple[str, int] | None = None
     last_run_id: int = 0
     last_tick: datetime | None = None
-    history: deque[RunRecord] = field(default_factory=lambda: deque(maxlen=100))
+    history: deque[RunRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 
 
 class MemoryState:
@@ -45,7 +49,7 @@ class MemoryState:
         return state
 
     def history(self, job: str) -> list[RunRecord]:
-        """Recorded outcomes of ``job``, oldest first (the last 100)."""
+        """Recorded outcomes of ``job``, oldest first (the last HISTORY_KEPT)."""
         with self.lock:
             return list(self.job(job).history)
 
