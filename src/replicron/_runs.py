@@ -347,9 +347,7 @@ class RunExecutor(JobRegistry):
             if finished.spec.overlap != "allow" and not await self.backend.lock(pending):
                 self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
             else:
-                locked = Claim(pending.job, pending.scheduled_at, pending.status,
-                               pending.run_id, finished.spec.overlap != "allow")  # fmt: skip
-                self._start(finished, locked)
+                self._start(finished, pending._replace(locked=finished.spec.overlap != "allow"))
         if finished.backlog and not finished.running:
             with self._lock:
                 self._immediate.append(Tick(finished.spec.name, finished.backlog.popleft()))

@@ -54,10 +54,6 @@ class TimeRule(ABC):
     def next_time(self, second_of_day: int) -> int | None:
         """The first firing second of the day at or after ``second_of_day``."""
 
-    @abstractmethod
-    def any_between(self, lo: int, hi: int) -> bool:
-        """Whether a firing second lies in ``[lo, hi)`` (both within one day)."""
-
 
 class FieldTimes(TimeRule):
     """Times given as allowed hours x minutes x seconds (cron)."""
@@ -87,10 +83,6 @@ class FieldTimes(TimeRule):
             return hours[i] * 3600 + minutes[0] * 60 + seconds[0]
         return None
 
-    def any_between(self, lo: int, hi: int) -> bool:
-        found = self.next_time(lo)
-        return found is not None and found < hi
-
 
 class ListTimes(TimeRule):
     """Times given as a sorted list of seconds of the day (daily, weekly, monthly)."""
@@ -104,10 +96,6 @@ class ListTimes(TimeRule):
     def next_time(self, second_of_day: int) -> int | None:
         i = bisect_left(self.times, second_of_day)
         return self.times[i] if i < len(self.times) else None
-
-    def any_between(self, lo: int, hi: int) -> bool:
-        found = self.next_time(lo)
-        return found is not None and found < hi
 
 
 class DayRule(ABC):

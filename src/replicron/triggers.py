@@ -18,6 +18,7 @@ from datetime import date, datetime, time, tzinfo
 from typing import Any, Protocol, runtime_checkable
 
 from . import _calendar
+from ._calendar import TimeOfDay
 from ._cron import parse_cron
 from ._interval import IntervalRule, make_interval_rule
 from ._tz import UTC, from_unix, resolve_zone, timeline_for, to_unix, zone_name
@@ -42,8 +43,6 @@ __all__ = [
     "upcoming",
     "weekly",
 ]
-
-TimeOfDay = str | time
 
 
 @runtime_checkable
