@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 from .errors import ArgumentTypeError, InvalidJobNameError
@@ -23,6 +24,13 @@ def job_lock_key(name: str) -> int:
     """
     if not isinstance(name, str):
         raise ArgumentTypeError(f"job name must be a str, not {type(name).__name__}")
+    return _fnv1a64_signed(name)
+
+
+# Backends ask for a job's key on every claim and release; the hash is a Python loop over
+# the name's bytes, so each name is hashed once.
+@functools.lru_cache(maxsize=65536)
+def _fnv1a64_signed(name: str) -> int:
     value = _FNV64_OFFSET
     for byte in name.encode("utf-8"):
         value = ((value ^ byte) * _FNV64_PRIME) & _MASK64

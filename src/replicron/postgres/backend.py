@@ -91,7 +91,6 @@ class PostgresBackend:
         self._session: LockSession | None = None
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         self._keys: dict[int, str] = {}  # lock key -> registered job name
-        self._key_cache: dict[str, int] = {}  # job name -> lock key
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
         self._housekeeper: asyncio.Task[None] | None = None
@@ -112,11 +111,7 @@ class PostgresBackend:
         self._keys.pop(self.lock_key(name), None)
 
     def lock_key(self, job: str) -> int:
-        # Every claim and release needs it, and hashing is a loop over the name's bytes.
-        key = self._key_cache.get(job)
-        if key is None:
-            key = self._key_cache[job] = job_lock_key(self.namespace + job)
-        return key
+        return job_lock_key(self.namespace + job)
 
     async def open(
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
