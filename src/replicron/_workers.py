@@ -3,9 +3,12 @@
 A ``loop.run_in_executor`` per run costs tens of microseconds of CPU, and waking every
 thread for a burst of short runs makes them fight over the GIL. Here the engine appends all
 the runs of an instant to a deque at once and wakes one thread, which keeps taking runs until
-the deque is empty. Another thread is woken only when no run was taken for ``STUCK_AFTER``
-while runs wait (the awake threads are stuck in long runs, sleeping on I/O, say):
-:meth:`WorkerPool.supervise`, which the engine calls that often while runs wait, checks.
+the deque is empty. Another thread is woken only when the awake ones look stuck (in a long
+run, or one sleeping on I/O) while runs wait: the engine calls :meth:`WorkerPool.supervise`
+every ``STUCK_AFTER`` seconds while runs wait, and it checks.
+
+A thread that was signalled but has not got the GIL yet counts as on its way: waking more
+threads while the loop holds the GIL would only make them all compete for it once it is free.
 """
 
 from __future__ import annotations
@@ -14,15 +17,32 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["STUCK_AFTER", "WorkerPool"]
+__all__ = ["STUCK_AFTER", "WorkerPool", "needs_another_thread"]
 
 T = TypeVar("T")
 _WAKE, _STOP = True, False
 #: Seconds without progress, while runs wait, after which another thread is woken.
 STUCK_AFTER = 0.001
+
+
+def needs_another_thread(
+    run_starts: Sequence[float | None], signalled: int, size: int, progressed: bool, now: float
+) -> bool:
+    """Whether waiting runs need one more thread.
+
+    ``run_starts`` has one entry per awake thread: when its current run started (monotonic
+    seconds), or ``None`` between runs. ``signalled`` threads were woken and have not begun.
+    ``progressed``: some thread took a run since the last check. A thread counts as stuck
+    only if no run was taken meanwhile *and* its run is ``STUCK_AFTER`` old, since a thread
+    waiting for the GIL (held by the loop, say) looks the same as one in a long run for a
+    few milliseconds.
+    """
+    if progressed or signalled or len(run_starts) >= size:
+        return False
+    return all(start is not None and now - start >= STUCK_AFTER for start in run_starts)
 
 
 class WorkerPool(Generic[T]):
@@ -33,7 +53,11 @@ class WorkerPool(Generic[T]):
         self._handler = handler
         self._pending: collections.deque[T] = collections.deque()
         self._signals: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        # Guards who is awake and how many wake-ups are on their way, so that a submission
+        # and a thread going back to sleep never both leave the waiting runs to the other.
+        self._lock = threading.Lock()
         self._awake: set[threading.Thread] = set()
+        self._signalled = 0
         self._started: dict[threading.Thread, float] = {}  # thread -> start of its run
         self._taken = 0  # runs taken so far (a progress counter; exactness is not needed)
         self._seen = 0
@@ -53,26 +77,35 @@ class WorkerPool(Generic[T]):
         """Handle each of ``items`` on a worker thread, in order of submission; the handler
         must not raise."""
         self._pending.extend(items)
-        if not self._awake and self._pending:
-            self._signals.put(_WAKE)
+        with self._lock:
+            if self._pending and not self._awake and not self._signalled:
+                self._signal()
 
     def supervise(self) -> bool:
-        """While runs wait: if no thread took a run since the last call, the awake ones are
-        stuck in long runs (or none is awake), so wake one more. Returns whether runs are
-        still waiting (call again after ``STUCK_AFTER``)."""
+        """While runs wait: wake one more thread if the awake ones are stuck. Returns whether
+        runs are still waiting (call again after ``STUCK_AFTER``)."""
+        taken, progressed = self._taken, self._taken != self._seen
+        self._seen = taken
         if not self._pending:
-            self._seen = self._taken
             return False
-        if self._taken == self._seen and len(self._awake) < self.size:
-            self._signals.put(_WAKE)
-        self._seen = self._taken
+        with self._lock:
+            starts = [self._started.get(thread) for thread in self._awake]
+            now = time.monotonic()
+            if needs_another_thread(starts, self._signalled, self.size, progressed, now):
+                self._signal()
         return True
 
+    def _signal(self) -> None:
+        self._signalled += 1
+        self._signals.put(_WAKE)
+
     def _work(self) -> None:
-        get, pending, awake, started = self._signals.get, self._pending, self._awake, self._started
-        handler, me = self._handler, threading.current_thread()
+        get, pending, started, lock = self._signals.get, self._pending, self._started, self._lock
+        handler, me, monotonic = self._handler, threading.current_thread(), time.monotonic
         while get() is _WAKE:
-            awake.add(me)
+            with lock:
+                self._signalled -= 1
+                self._awake.add(me)
             try:
                 while True:
                     try:
@@ -80,15 +113,16 @@ class WorkerPool(Generic[T]):
                     except IndexError:
                         break
                     self._taken += 1
-                    started[me] = time.monotonic()
+                    started[me] = monotonic()
                     try:
                         handler(item)
                     finally:
-                        started.pop(me, None)
+                        del started[me]
             finally:
-                awake.discard(me)
-            if pending and not awake:  # work arrived as this thread was leaving
-                self._signals.put(_WAKE)
+                with lock:
+                    self._awake.discard(me)
+                    if pending and not self._awake and not self._signalled:
+                        self._signal()  # work arrived as this thread was going back to sleep
 
     def stop(self, timeout: float | None) -> list[threading.Thread]:
         """Ask every thread to finish; wait up to ``timeout`` seconds.

@@ -1,0 +1,85 @@
+"""The worker pool: one thread drains a burst; another wakes only for a stuck one."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from replicron._workers import STUCK_AFTER, WorkerPool, needs_another_thread
+
+NOW = 1000.0
+OLD = NOW - 2 * STUCK_AFTER
+FRESH = NOW - STUCK_AFTER / 2
+
+
+@pytest.mark.parametrize(
+    ("starts", "signalled", "progressed", "expected"),
+    [
+        ([], 0, False, True),  # runs wait and nobody is awake
+        ([OLD], 0, False, True),  # the one awake thread is stuck in a run
+        ([OLD, OLD], 0, False, True),
+        ([OLD, FRESH], 0, False, False),  # one of them is still moving
+        ([OLD, None], 0, False, False),  # one is between runs: it takes the next
+        ([FRESH], 0, False, False),
+        ([OLD], 0, True, False),  # a run was taken since the last look
+        ([], 1, False, False),  # a woken thread is on its way (waiting for the GIL)
+        ([OLD], 1, False, False),
+        ([OLD, OLD, OLD, OLD], 0, False, False),  # every thread is awake already
+    ],
+)
+def test_when_another_thread_is_woken(
+    starts: list[float | None], signalled: int, progressed: bool, expected: bool
+) -> None:
+    assert needs_another_thread(starts, signalled, 4, progressed, NOW) is expected
+
+
+class Concurrency:
+    """A handler that counts how many items are handled at once."""
+
+    def __init__(self, total: int) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.handled = 0
+        self.total = total
+        self.done = threading.Event()
+
+    def __call__(self, item: int) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0)  # lets any other awake thread in
+        with self.lock:
+            self.now -= 1
+            self.handled += 1
+            if self.handled == self.total:
+                self.done.set()
+
+
+@pytest.fixture
+def long_switch_interval() -> Iterator[None]:
+    # The submitting thread keeps the GIL for the whole burst of submissions, as the event
+    # loop does while it starts an instant's runs: no woken thread begins in between.
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.usefixtures("long_switch_interval")
+def test_submissions_before_any_thread_begins_wake_one_thread() -> None:
+    handler = Concurrency(total=400)
+    pool: WorkerPool[int] = WorkerPool(4, "replicron-test-worker", handler)
+    try:
+        for chunk in range(4):
+            pool.submit_many(range(chunk * 100, (chunk + 1) * 100))
+        assert handler.done.wait(10)
+    finally:
+        stuck = pool.stop(5)
+    assert stuck == []
+    assert handler.handled == 400
+    assert handler.most == 1
