@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any, Literal
 
-from .backends.base import Backend, Claim, RunRecord
+from .backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
 from .clock import Clock
 from .errors import (
     ConfigurationError,
@@ -38,7 +38,7 @@ class JobState:
     runs_started: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
     backlog: deque[datetime] | None = None  # catch_up="all": ticks run one after another
-    last_record: RunRecord | None = None
+    last_record: PackedRecord | None = None  # packed: one per job, kept for long
     last_error: BaseException | None = None
     last_detail: str | None = None
 
@@ -174,8 +174,10 @@ class JobRegistry:
     def last_run(self, name: str) -> RunEvent | None:
         with self._lock:
             state = self._state_of(name)
-            record = state.last_record
-            return None if record is None else event_of(record, state.last_error, state.last_detail)
+            packed = state.last_record
+            if packed is None:
+                return None
+            return event_of(unpack_record(packed), state.last_error, state.last_detail)
 
     def run_now(self, name: str) -> None:
         self.check_usable()

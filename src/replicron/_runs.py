@@ -20,7 +20,7 @@ from typing import Any
 from ._observe import Observer
 from ._registry import JobRegistry, JobState, event_of
 from ._workers import STUCK_AFTER, WorkerPool
-from .backends.base import Claim, Release, RunRecord
+from .backends.base import Claim, Release, RunRecord, pack_record
 from .context import RunContext, _current
 from .events import Outcome, RunEvent
 from .planner import Tick
@@ -294,7 +294,8 @@ class RunExecutor(JobRegistry):
         notify_timeout: bool = True,
     ) -> None:
         if state is not None:
-            state.last_record, state.last_error, state.last_detail = record, error, detail
+            state.last_record = pack_record(record)
+            state.last_error, state.last_detail = error, detail
         outcome = record.outcome
         level = _LOG_LEVEL[outcome]
         if self.observer.enabled(level):

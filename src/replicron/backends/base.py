@@ -66,6 +66,27 @@ class RunRecord(NamedTuple):
     error: str | None
 
 
+#: A :class:`RunRecord` as a plain tuple of plain values, its outcome as the string. The
+#: garbage collector stops tracking such a tuple at its first pass (it cannot for a named
+#: tuple, or one holding an enum member), so the records kept for a while (each job's last
+#: outcome, the memory backend's history) never make its full passes longer or more frequent.
+PackedRecord = tuple[
+    str, datetime, str, str, int | None, datetime | None, datetime | None, str | None
+]
+
+
+def pack_record(record: RunRecord) -> PackedRecord:
+    job, scheduled_at, outcome, replica_id, run_id, started_at, finished_at, error = record
+    return (job, scheduled_at, outcome.value, replica_id, run_id, started_at, finished_at, error)
+
+
+def unpack_record(packed: PackedRecord) -> RunRecord:
+    job, scheduled_at, outcome, replica_id, run_id, started_at, finished_at, error = packed
+    return RunRecord(
+        job, scheduled_at, Outcome(outcome), replica_id, run_id, started_at, finished_at, error
+    )
+
+
 class Release(NamedTuple):
     record: RunRecord
     #: Drop the job's run lock (the claim took it).

@@ -13,15 +13,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .base import (
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    PackedRecord,
+    Release,
+    RunRecord,
+    pack_record,
+    unpack_record,
+)
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
 #: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused.
 TICKS_KEPT = 1024
-#: Outcomes kept per job for :meth:`MemoryState.history`. Kept small: every record stays
-#: tracked by the garbage collector, and with thousands of jobs a long history makes the
-#: collector's full passes long enough to delay runs.
+#: Outcomes kept per job for :meth:`MemoryState.history` (packed, so that the collector
+#: does not track them).
 HISTORY_KEPT = 16
 
 
@@ -32,7 +40,7 @@ class _JobState:
     lock_holder: tuple[str, int] | None = None
     last_run_id: int = 0
     last_tick: datetime | None = None
-    history: deque[RunRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+    history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 
 
 class MemoryState:
@@ -51,7 +59,7 @@ class MemoryState:
     def history(self, job: str) -> list[RunRecord]:
         """Recorded outcomes of ``job``, oldest first (the last HISTORY_KEPT)."""
         with self.lock:
-            return list(self.job(job).history)
+            return [unpack_record(packed) for packed in self.job(job).history]
 
     def locks_held(self) -> dict[str, tuple[str, int]]:
         """Job name -> (replica id, run id) for every run lock held now."""
@@ -126,7 +134,7 @@ class MemoryBackend:
         with self.state.lock:
             for record, unlock in releases:
                 job = self.state.job(record.job)
-                job.history.append(record)
+                job.history.append(pack_record(record))
                 if unlock and job.lock_holder == (self.replica_id, record.run_id):
                     job.lock_holder = None
 
@@ -137,7 +145,7 @@ class MemoryBackend:
                 job = self.state.job(record.job)
                 taken = self._take_tick(job, record.scheduled_at)
                 if taken:
-                    job.history.append(record)
+                    job.history.append(pack_record(record))
                 done.append(taken)
         return done
 
