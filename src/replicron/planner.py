@@ -6,8 +6,10 @@ Nothing here reads a clock, sleeps, touches a thread or a backend: every functio
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
@@ -41,6 +43,10 @@ class Tick(NamedTuple):
 
 def _tick_time(tick: Tick) -> datetime:
     return tick.scheduled_at
+
+
+#: ``Tick`` from a ``(job, scheduled_at)`` pair without a Python-level call.
+_make_tick: Callable[[tuple[str, datetime]], Tick] = functools.partial(tuple.__new__, Tick)
 
 
 @dataclass(slots=True)
@@ -193,10 +199,12 @@ class Planner:
                 self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(now)))
         # Prepared ticks left the heap first, so they go first among equal instants.
         due = decision.due
-        due.extend(Tick(job, tick) for job, tick in prepared.items())
-        due.extend(popped)
-        if len(due) > 1:
-            due.sort(key=_tick_time)
+        if prepared:  # thousands at once, each a (job, tick) pair already: built in C
+            due.extend(map(_make_tick, prepared.items()))
+        if popped:
+            due.extend(popped)
+            if len(due) > 1:
+                due.sort(key=_tick_time)
         decision.wake_at = heap[0][0] if heap else None
         return decision
 
