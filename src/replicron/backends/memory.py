@@ -31,9 +31,12 @@ TICKS_KEPT = 1024
 #: Outcomes kept per job for :meth:`MemoryState.history` (packed, so that the collector
 #: does not track them).
 HISTORY_KEPT = 16
+_CLAIMED, _TAKEN, _LOCKED = ClaimStatus.CLAIMED, ClaimStatus.TAKEN, ClaimStatus.LOCKED
+#: Named tuples built from a tuple of their fields without a Python-level call.
+_new = tuple.__new__
 
 
-@dataclass
+@dataclass(slots=True)
 class _JobState:
     ticks: dict[datetime, str | None] = field(default_factory=dict)
     oldest_forgotten: datetime | None = None
@@ -92,34 +95,40 @@ class MemoryBackend:
                     job.lock_holder = None
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        with self.state.lock:
-            return [self._claim_one(request) for request in requests]
+        # Once per tick of a burst, before its runs can start: kept lean.
+        claims: list[Claim] = []
+        add, take, replica = claims.append, self._take_tick, self.replica_id
+        state = self.state
+        jobs = state.jobs
+        with state.lock:
+            for name, tick, lock in requests:
+                job = jobs.get(name) or state.job(name)
+                if not take(job, tick):
+                    add(_new(Claim, (name, tick, _TAKEN, None, False)))
+                elif lock and job.lock_holder is not None:
+                    add(_new(Claim, (name, tick, _LOCKED, None, False)))
+                else:
+                    job.last_run_id = run_id = job.last_run_id + 1
+                    if lock:
+                        job.lock_holder = (replica, run_id)
+                    add(_new(Claim, (name, tick, _CLAIMED, run_id, lock)))
+        return claims
 
     def _take_tick(self, job: _JobState, tick: datetime) -> bool:
         """Insert the tick unless anybody has it: the unique ``(job, tick)`` record."""
-        if tick in job.ticks or (job.oldest_forgotten is not None and tick <= job.oldest_forgotten):
+        ticks, forgotten = job.ticks, job.oldest_forgotten
+        if tick in ticks or (forgotten is not None and tick <= forgotten):
             return False
-        job.ticks[tick] = self.replica_id
-        if len(job.ticks) > TICKS_KEPT:
-            forgotten = next(iter(job.ticks))  # dicts keep insertion order: the oldest claim
-            del job.ticks[forgotten]
-            if job.oldest_forgotten is None or forgotten > job.oldest_forgotten:
-                job.oldest_forgotten = forgotten
-        if job.last_tick is None or tick > job.last_tick:
+        ticks[tick] = self.replica_id
+        if len(ticks) > TICKS_KEPT:
+            oldest = next(iter(ticks))  # dicts keep insertion order: the oldest claim
+            del ticks[oldest]
+            if forgotten is None or oldest > forgotten:
+                job.oldest_forgotten = oldest
+        last = job.last_tick
+        if last is None or tick > last:
             job.last_tick = tick
         return True
-
-    def _claim_one(self, request: ClaimRequest) -> Claim:
-        job = self.state.job(request.job)
-        tick = request.scheduled_at
-        if not self._take_tick(job, tick):
-            return Claim(request.job, tick, ClaimStatus.TAKEN, None, False)
-        if request.lock and job.lock_holder is not None:
-            return Claim(request.job, tick, ClaimStatus.LOCKED, None, False)
-        job.last_run_id += 1
-        if request.lock:
-            job.lock_holder = (self.replica_id, job.last_run_id)
-        return Claim(request.job, tick, ClaimStatus.CLAIMED, job.last_run_id, request.lock)
 
     async def lock(self, claim: Claim) -> bool:
         with self.state.lock:
