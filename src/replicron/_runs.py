@@ -61,6 +61,9 @@ class Run:
     finished: bool = False
     why: str | None = None  # what cut the run off, for the ledger
     task: asyncio.Task[None] | None = None
+    # A sync run's result, handed back to the loop with the run.
+    error: BaseException | None = None
+    finished_at: datetime | None = None
 
 
 class RunExecutor(JobRegistry):
@@ -77,7 +80,7 @@ class RunExecutor(JobRegistry):
     _seq: itertools.count[int]
     _tasks: set[asyncio.Task[Any]]
     _releases: list[tuple[RunRecord, bool, JobState | None]]
-    _done: deque[tuple[Run, BaseException | None, datetime]]
+    _done: deque[Run]
     _done_wake_pending: bool
     _to_submit: list[Run]
     _supervising: bool
@@ -86,24 +89,28 @@ class RunExecutor(JobRegistry):
         raise NotImplementedError
 
     def _start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
+        # Once per run of a burst, before the burst's last run can begin: kept lean.
         spec = state.spec
-        if spec.max_runs is not None and state.runs_started >= spec.max_runs:
+        max_runs = spec.max_runs
+        if max_runs is not None and state.runs_started >= max_runs:
             self._record(state, claim, Outcome.MISSED, "max_runs reached", unlock=claim.locked)
             return
         # One clock read per batch; the run's real start is taken again where it begins.
         started = self.clock.now() if now is None else now
-        deadline = None if spec.timeout is None else started + spec.timeout
+        timeout = spec.timeout
+        deadline = None if timeout is None else started + timeout
         ctx = RunContext(spec.name, claim.scheduled_at, claim.run_id, self.replica_id, deadline)
         run = Run(state, claim, ctx, started)
         state.running += 1
         state.runs_started += 1
-        if spec.max_runs is not None and state.runs_started >= spec.max_runs:
+        if max_runs is not None and state.runs_started >= max_runs:
             with self._lock:
                 self._planner.remove(spec.name)
-        if not self._active:
+        active = self._active
+        if not active:
             assert self._idle is not None
             self._idle.clear()
-        self._active.add(run)
+        active.add(run)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), run))
         if self.observer.listeners:
@@ -111,15 +118,15 @@ class RunExecutor(JobRegistry):
         if spec.is_async:
             assert self._loop is not None
             run.task = self._loop.create_task(self._run_async(run))
-        else:
-            # Runs of one instant go to the workers together, once the loop is done with them.
-            to_submit = self._to_submit
-            if not to_submit:
-                assert self._loop is not None
-                self._loop.call_soon(self._submit_all)
-            to_submit.append(run)
-            if len(to_submit) >= _SUBMIT_CHUNK:  # long bursts: let the first runs begin
-                self._submit_all()
+            return
+        # Runs of one instant go to the workers together, once the loop is done with them.
+        to_submit = self._to_submit
+        if not to_submit:
+            assert self._loop is not None
+            self._loop.call_soon(self._submit_all)
+        to_submit.append(run)
+        if len(to_submit) >= _SUBMIT_CHUNK:  # long bursts: let the first runs begin
+            self._submit_all()
 
     def _submit_all(self) -> None:
         works, self._to_submit = self._to_submit, []
@@ -152,11 +159,12 @@ class RunExecutor(JobRegistry):
             error = exc
         finally:
             _current.reset(token)
-        finished = self.clock.now()
+        run.finished_at = self.clock.now()
+        run.error = error
         # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
         # No lock: deque appends are atomic, and _drain_done clears the flag before it
         # empties the deque, so a result appended meanwhile either is drained or wakes it.
-        self._done.append((run, error, finished))
+        self._done.append(run)
         if self._done_wake_pending:
             return
         self._done_wake_pending = True
@@ -175,9 +183,11 @@ class RunExecutor(JobRegistry):
             self._loop.call_later(STUCK_AFTER, self._drain_done)
             return
         self._done_wake_pending = False
-        done = self._done
+        done, finish = self._done, self._finish
         while done:
-            self._finish(*done.popleft())
+            run = done.popleft()
+            assert run.finished_at is not None
+            finish(run, run.error, run.finished_at)
 
     async def _run_async(self, run: Run) -> None:
         run.started_at = self.clock.now()

@@ -35,6 +35,10 @@ __all__ = ["Engine"]
 
 _INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
 ConcurrencyMode = Literal["queue", "skip"]
+#: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
+Action = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
+#: Named tuples built from a tuple of their fields without a Python-level call.
+_new = tuple.__new__
 _T = TypeVar("_T")
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
@@ -74,7 +78,7 @@ class Engine(RunExecutor):
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._releases: list[tuple[RunRecord, bool, JobState | None]] = []
-        self._done: deque[tuple[Run, BaseException | None, datetime]] = deque()
+        self._done: deque[Run] = deque()
         self._done_wake_pending = False
         self._to_submit: list[Run] = []
         self._supervising = False
@@ -308,48 +312,73 @@ class Engine(RunExecutor):
     # ---- dispatch ----------------------------------------------------------------------
 
     async def _dispatch(self, ticks: list[Tick]) -> None:
-        # This loop runs once per tick of a burst: keep it lean.
+        # These loops run once per tick of a burst, thousands of times at one instant, before
+        # the last run of the burst can begin: keep them lean.
         requests: list[ClaimRequest] = []
-        plans: list[tuple[JobState, str]] = []
+        states: list[JobState] = []
+        unusual: dict[int, Action] = {}  # position -> action, where it is not simply "run"
+        limit, jobs_get = self.max_concurrent_jobs, self._jobs.get
         active = len(self._active) + len(self._waiting)
-        limit, jobs = self.max_concurrent_jobs, self._jobs
+        add_request, add_state = requests.append, states.append
         for job, scheduled_at in ticks:
-            state = jobs.get(job)
+            state = jobs_get(job)
             if state is None:
                 continue
-            overlap = state.spec.overlap
-            action: str = "run" if not state.running else overlap_action(overlap, state.running)
-            if action == "run" and limit is not None:
-                if active >= limit:
-                    action = "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
-                active += 1
-            lock = overlap != "allow" and action in ("run", "limit_queue")
-            requests.append(ClaimRequest(job, scheduled_at, lock))
-            plans.append((state, action))
+            lock = state.spec.overlap != "allow"
+            if state.running or limit is not None:
+                action = self._action(state, active)
+                if action == "run" or action == "limit_queue":
+                    active += 1
+                else:
+                    lock = False
+                if action != "run":
+                    unusual[len(states)] = action
+            add_request(_new(ClaimRequest, (job, scheduled_at, lock)))
+            add_state(state)
         if not requests:
             return
         claims = await self.backend.claim(requests)
         now, claimed = self.clock.now(), ClaimStatus.CLAIMED
-        for (state, action), claim in zip(plans, claims, strict=True):
-            if action == "run" and claim.status is claimed:
-                self._start(state, claim, now)
-            elif claim.status is ClaimStatus.TAKEN:
-                self.observer.log(
-                    _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
-                )
-            elif claim.status is ClaimStatus.LOCKED:
-                self._record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
-            elif action == "run":
-                self._start(state, claim, now)
-            elif action == "skip":
-                self._record(state, claim, Outcome.SKIPPED_OVERLAP, "previous run still going")
-            elif action == "limit_skip":
-                self._record(state, claim, Outcome.SKIPPED_LIMIT, "max_concurrent_jobs reached")
-            elif action == "limit_queue":
-                self._waiting.append((state, claim))
-            else:  # overlap "queue": keep one tick waiting; a newer one replaces it
-                if state.pending is not None:
-                    self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
-                state.pending = claim
+        start = self._start
+        if unusual:
+            for index, (state, claim) in enumerate(zip(states, claims, strict=True)):
+                self._settle(state, claim, unusual.get(index, "run"), now)
+        else:
+            for state, claim in zip(states, claims, strict=True):
+                if claim.status is claimed:
+                    start(state, claim, now)
+                else:
+                    self._settle(state, claim, "run", now)
         if self._to_submit:  # hand the instant's sync runs over before anything else
             self._submit_all()
+
+    def _action(self, state: JobState, active: int) -> Action:
+        """What to do with a tick of a job that is running here, or under a concurrency
+        limit with ``active`` runs started or waiting."""
+        action: Action = overlap_action(state.spec.overlap, state.running)
+        limit = self.max_concurrent_jobs
+        if action == "run" and limit is not None and active >= limit:
+            return "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
+        return action
+
+    def _settle(self, state: JobState, claim: Claim, action: Action, now: datetime) -> None:
+        """Start, record, queue or drop a tick the backend answered for."""
+        status = claim.status
+        if status is ClaimStatus.TAKEN:
+            self.observer.log(
+                _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
+            )
+        elif status is ClaimStatus.LOCKED:
+            self._record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
+        elif action == "run":
+            self._start(state, claim, now)
+        elif action == "skip":
+            self._record(state, claim, Outcome.SKIPPED_OVERLAP, "previous run still going")
+        elif action == "limit_skip":
+            self._record(state, claim, Outcome.SKIPPED_LIMIT, "max_concurrent_jobs reached")
+        elif action == "limit_queue":
+            self._waiting.append((state, claim))
+        else:  # overlap "queue": keep one tick waiting; a newer one replaces it
+            if state.pending is not None:
+                self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
+            state.pending = claim
