@@ -26,8 +26,11 @@ from .base import (
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
-#: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused.
-TICKS_KEPT = 1024
+#: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused
+#: (as taken: never run twice). Handles sharing a state live in one process and claim a
+#: tick within moments of each other, so a short memory is enough; 1,024 cost a per-second
+#: job about 70 KB once full.
+TICKS_KEPT = 64
 #: Outcomes kept per job for :meth:`MemoryState.history` (packed, so that the collector
 #: does not track them).
 HISTORY_KEPT = 16
