@@ -173,31 +173,37 @@ class Engine(RunExecutor):
     # ---- the loop ----------------------------------------------------------------------
 
     async def _run_loop(self) -> None:
-        assert self._wake is not None
         while self._state == "running":
-            self._wake.clear()
-            now = self.clock.now()
-            with self._lock:
-                decision = self._planner.decide(now)
-                immediate, self._immediate = self._immediate, []
-                catch_up, self._catch_up_needed = self._catch_up_needed, []
-            # Each step is guarded on its own: a backend failure must not stop the scheduler,
-            # and failing to record a miss must not keep due ticks from running.
-            if catch_up:
-                immediate += await self._guarded(self._catch_up(catch_up, now), [], [])
-            due = immediate + decision.due
-            if due:
-                await self._guarded(self._dispatch(due), None, due)
-            if decision.missed:
-                missed = self._record_missed(decision.missed, decision.truncated)
-                await self._guarded(missed, None, decision.missed)
-            self._expire(self.clock.now())
-            with self._lock:
-                wake_at = self._planner.wake_at()
-            self._prepare_soon(wake_at)
-            if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
-                wake_at = self._deadlines[0][0]
-            await self._sleep(wake_at)
+            await self._sleep(await self._step())
+
+    async def _step(self) -> datetime | None:
+        """Handle what is due now; returns when to wake next. A step of its own so that
+        nothing of an instant (its thousands of ticks, say) stays referenced while the loop
+        sleeps: kept for a second, they would grow the collector's oldest generation."""
+        assert self._wake is not None
+        self._wake.clear()
+        now = self.clock.now()
+        with self._lock:
+            decision = self._planner.decide(now)
+            immediate, self._immediate = self._immediate, []
+            catch_up, self._catch_up_needed = self._catch_up_needed, []
+        # Each step is guarded on its own: a backend failure must not stop the scheduler,
+        # and failing to record a miss must not keep due ticks from running.
+        if catch_up:
+            immediate += await self._guarded(self._catch_up(catch_up, now), [], [])
+        due = immediate + decision.due
+        if due:
+            await self._guarded(self._dispatch(due), None, due)
+        if decision.missed:
+            missed = self._record_missed(decision.missed, decision.truncated)
+            await self._guarded(missed, None, decision.missed)
+        self._expire(self.clock.now())
+        with self._lock:
+            wake_at = self._planner.wake_at()
+        self._prepare_soon(wake_at)
+        if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
+            wake_at = self._deadlines[0][0]
+        return wake_at
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:
         """Plan the next instant's ticks while idle, but not at once: the runs just handed
@@ -338,6 +344,7 @@ class Engine(RunExecutor):
         if not requests:
             return
         claims = await self.backend.claim(requests)
+        del requests  # thousands of objects, no longer needed while the runs start
         now, claimed = self.clock.now(), ClaimStatus.CLAIMED
         start = self._start
         if unusual:
