@@ -43,7 +43,10 @@ _new = tuple.__new__
 class _JobState:
     ticks: dict[datetime, str | None] = field(default_factory=dict)
     oldest_forgotten: datetime | None = None
-    lock_holder: tuple[str, int] | None = None
+    # Who holds the job's run lock: a replica id and a run id (two fields, not a tuple, so
+    # that taking the lock allocates nothing).
+    lock_replica: str | None = None
+    lock_run_id: int | None = None
     last_run_id: int = 0
     last_tick: datetime | None = None
     history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
@@ -70,7 +73,11 @@ class MemoryState:
     def locks_held(self) -> dict[str, tuple[str, int]]:
         """Job name -> (replica id, run id) for every run lock held now."""
         with self.lock:
-            return {n: s.lock_holder for n, s in self.jobs.items() if s.lock_holder is not None}
+            return {
+                name: (job.lock_replica, job.lock_run_id)
+                for name, job in self.jobs.items()
+                if job.lock_replica is not None and job.lock_run_id is not None
+            }
 
 
 class MemoryBackend:
@@ -94,8 +101,8 @@ class MemoryBackend:
     async def close(self) -> None:
         with self.state.lock:
             for job in self.state.jobs.values():
-                if job.lock_holder is not None and job.lock_holder[0] == self.replica_id:
-                    job.lock_holder = None
+                if job.lock_replica == self.replica_id:
+                    job.lock_replica = job.lock_run_id = None
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         # Once per tick of a burst, before its runs can start: kept lean.
@@ -108,12 +115,12 @@ class MemoryBackend:
                 job = jobs.get(name) or state.job(name)
                 if not take(job, tick):
                     add(_new(Claim, (name, tick, _TAKEN, None, False)))
-                elif lock and job.lock_holder is not None:
+                elif lock and job.lock_replica is not None:
                     add(_new(Claim, (name, tick, _LOCKED, None, False)))
                 else:
                     job.last_run_id = run_id = job.last_run_id + 1
                     if lock:
-                        job.lock_holder = (replica, run_id)
+                        job.lock_replica, job.lock_run_id = replica, run_id
                     add(_new(Claim, (name, tick, _CLAIMED, run_id, lock)))
         return claims
 
@@ -136,19 +143,20 @@ class MemoryBackend:
     async def lock(self, claim: Claim) -> bool:
         with self.state.lock:
             job = self.state.job(claim.job)
-            if job.lock_holder is not None:
+            if job.lock_replica is not None:
                 return False
             assert claim.run_id is not None
-            job.lock_holder = (self.replica_id, claim.run_id)
+            job.lock_replica, job.lock_run_id = self.replica_id, claim.run_id
             return True
 
     async def release(self, releases: Sequence[Release]) -> None:
+        replica = self.replica_id
         with self.state.lock:
             for record, unlock in releases:
                 job = self.state.job(record.job)
                 job.history.append(pack_record(record))
-                if unlock and job.lock_holder == (self.replica_id, record.run_id):
-                    job.lock_holder = None
+                if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
+                    job.lock_replica = job.lock_run_id = None
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
         done = []
