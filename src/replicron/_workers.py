@@ -118,6 +118,7 @@ class WorkerPool(Generic[T]):
                         handler(item)
                     finally:
                         del started[me]
+                        del item  # not kept alive while the thread sleeps
             finally:
                 with lock:
                     self._awake.discard(me)
