@@ -6,10 +6,8 @@ Nothing here reads a clock, sleeps, touches a thread or a backend: every functio
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
@@ -45,10 +43,6 @@ def _tick_time(tick: Tick) -> datetime:
     return tick.scheduled_at
 
 
-#: ``Tick`` from a ``(job, scheduled_at)`` pair without a Python-level call.
-_make_tick: Callable[[tuple[str, datetime]], Tick] = functools.partial(tuple.__new__, Tick)
-
-
 @dataclass(slots=True)
 class Decision:
     """What to do at ``now``: run ``due`` (oldest first), record ``missed``, then sleep until
@@ -81,8 +75,9 @@ class Planner:
         self._entries: dict[str, _Entry] = {}
         self._heap: list[tuple[datetime, int, str, int]] = []
         self._seq = itertools.count()
-        # Ticks of the next instant, worked out ahead by prepare(): job -> tick.
-        self._prepared: dict[str, datetime] = {}
+        # Ticks of the next instant, worked out ahead by prepare(): job -> tick. Built then,
+        # while idle, rather than when they are due and every microsecond delays a run.
+        self._prepared: dict[str, Tick] = {}
         self._prepared_at: datetime | None = None
 
     def __len__(self) -> int:
@@ -122,7 +117,8 @@ class Planner:
         entry = self._entries.get(job)
         if entry is None:
             return None
-        return self._prepared.get(job, entry.next_due)
+        prepared = self._prepared.get(job)
+        return entry.next_due if prepared is None else prepared.scheduled_at
 
     def upcoming(self, job: str, count: int) -> list[datetime]:
         """The job's next ``count`` planned ticks (within its start/stop window)."""
@@ -132,7 +128,7 @@ class Planner:
             return found
         prepared = self._prepared.get(job)
         if prepared is not None:
-            found.append(prepared)
+            found.append(prepared.scheduled_at)
         current = entry.next_due
         while current is not None and len(found) < count:
             found.append(current)
@@ -162,7 +158,7 @@ class Planner:
         while heap and heap[0][0] == at:
             job = heapq.heappop(heap)[2]
             entry = entries[job]
-            self._prepared[job] = at
+            self._prepared[job] = Tick(job, at)
             self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(at)))
             self._drop_stale()
         self._prepared_at = at
@@ -173,7 +169,7 @@ class Planner:
         and the older ones are missed (coalesced)."""
         decision = Decision()
         heap, entries = self._heap, self._entries
-        prepared: dict[str, datetime] = {}
+        prepared: dict[str, Tick] = {}
         if self._prepared and self._prepared_at is not None and self._prepared_at <= now:
             prepared, self._prepared, self._prepared_at = self._prepared, {}, None
         popped: list[Tick] = []
@@ -187,7 +183,7 @@ class Planner:
             tick, following, missed, truncated = self._coalesce(entry, entry.next_due, now)
             earlier = prepared.pop(job, None)
             if earlier is not None:  # a later tick is due too: the prepared one is coalesced
-                missed.insert(0, earlier)
+                missed.insert(0, earlier.scheduled_at)
             if missed:
                 decision.missed.extend(Tick(job, t) for t in missed)
             if truncated:
@@ -199,8 +195,7 @@ class Planner:
                 self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(now)))
         # Prepared ticks left the heap first, so they go first among equal instants.
         due = decision.due
-        if prepared:  # thousands at once, each a (job, tick) pair already: built in C
-            due.extend(map(_make_tick, prepared.items()))
+        due.extend(prepared.values())
         if popped:
             due.extend(popped)
             if len(due) > 1:
