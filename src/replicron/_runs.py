@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._collector import HOLD_LIMIT, CollectorHold
 from ._observe import Observer
 from ._registry import JobRegistry, JobState, event_of
 from ._workers import STUCK_AFTER, WorkerPool
@@ -84,6 +85,8 @@ class RunExecutor(JobRegistry):
     _done_wake_pending: bool
     _to_submit: list[Run]
     _supervising: bool
+    _collector: CollectorHold
+    _collector_limit: asyncio.TimerHandle | None
 
     def _quiet_may_have_changed(self, *_: object) -> None:
         raise NotImplementedError
@@ -145,6 +148,27 @@ class RunExecutor(JobRegistry):
             self._loop.call_later(STUCK_AFTER, self._supervise_workers)
         else:
             self._supervising = False
+            self._release_collector()  # every run of the burst has a thread
+
+    # ---- the collector is held back while an instant's runs start (see _collector) ----
+
+    def _hold_collector(self) -> None:
+        if self._collector.take():
+            assert self._loop is not None
+            self._collector_limit = self._loop.call_later(HOLD_LIMIT, self._release_collector)
+
+    def _release_collector_once_started(self) -> None:
+        """After a dispatch: let the collector go once no run waits for a thread (the
+        supervisor does it then), and after the async runs just created took a first step."""
+        if self._collector.held and not self._supervising:
+            assert self._loop is not None
+            self._loop.call_soon(self._release_collector)
+
+    def _release_collector(self) -> None:
+        if self._collector_limit is not None:
+            self._collector_limit.cancel()
+            self._collector_limit = None
+        self._collector.release()
 
     def _run_sync(self, run: Run) -> None:
         if run.finished:  # abandoned at shutdown before a worker got to it

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime, tzinfo
 from typing import Any, Literal, TypeVar
 
+from ._collector import CollectorHold
 from ._observe import Observer
 from ._registry import JobState
 from ._runs import Run, RunExecutor
@@ -57,6 +58,7 @@ class Engine(RunExecutor):
         stop_timeout: float,
         listeners: Sequence[Listener],
         max_workers: int,
+        defer_gc: bool,
     ) -> None:
         self.clock, self.backend, self.timezone = clock, backend, timezone
         self.replica_id = replica_id
@@ -83,6 +85,8 @@ class Engine(RunExecutor):
         self._to_submit: list[Run] = []
         self._supervising = False
         self._prepare_handle: asyncio.TimerHandle | None = None
+        self._collector = CollectorHold(defer_gc)
+        self._collector_limit: asyncio.TimerHandle | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -152,6 +156,7 @@ class Engine(RunExecutor):
         stuck = await asyncio.to_thread(self._workers.stop, 0.5 if wait else 0.0)
         for thread in stuck:
             self.observer.log(_ERROR, "worker_stuck", f"{thread.name} ignores cancellation")
+        self._release_collector()
         self._state = "stopped"
         self._stopped.set_result(None)
         self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")
@@ -193,7 +198,11 @@ class Engine(RunExecutor):
             immediate += await self._guarded(self._catch_up(catch_up, now), [], [])
         due = immediate + decision.due
         if due:
-            await self._guarded(self._dispatch(due), None, due)
+            self._hold_collector()
+            try:
+                await self._guarded(self._dispatch(due), None, due)
+            finally:
+                self._release_collector_once_started()
         if decision.missed:
             missed = self._record_missed(decision.missed, decision.truncated)
             await self._guarded(missed, None, decision.missed)

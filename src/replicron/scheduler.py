@@ -48,6 +48,7 @@ class _JobsAPI:
         stop_timeout: float = 30.0,
         listeners: Sequence[Listener] = (),
         max_workers: int = _DEFAULT_WORKERS,
+        defer_gc: bool = True,
     ) -> None:
         zone = resolve_zone(timezone)
         if max_concurrent_jobs is not None and (
@@ -65,6 +66,8 @@ class _JobsAPI:
             )
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise InvalidJobOptionError(f"max_workers must be at least 1, not {max_workers!r}")
+        if not isinstance(defer_gc, bool):
+            raise InvalidJobOptionError(f"defer_gc must be True or False, not {defer_gc!r}")
         if (
             isinstance(stop_timeout, bool)
             or not isinstance(stop_timeout, int | float)
@@ -86,6 +89,7 @@ class _JobsAPI:
             stop_timeout=float(stop_timeout),
             listeners=list(listeners),
             max_workers=max_workers,
+            defer_gc=defer_gc,
         )
 
     @property

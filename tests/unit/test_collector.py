@@ -1,20 +1,24 @@
-"""What runs leave for Python's garbage collector.
+"""Runs and Python's garbage collector.
 
 A full collection pass costs time in proportion to every object the collector tracks, and
 it pauses every thread. Outcomes a scheduler keeps (each job's last one, the memory
-backend's history) must therefore not add tracked objects as the runs go by.
+backend's history) must therefore not add tracked objects as the runs go by, nothing of an
+instant may stay alive once it is over, and the automatic collector waits while an instant's
+runs start.
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 
-from replicron import MemoryBackend, Outcome, RunContext, Scheduler, every
+from replicron import MemoryBackend, Outcome, RunContext, Scheduler, _collector, every
+from replicron._collector import HOLD_LIMIT, CollectorHold
 from replicron._runs import Run
 from replicron.backends import Claim, ClaimRequest
 from replicron.backends.memory import HISTORY_KEPT
@@ -50,13 +54,18 @@ def scheduler(clock: FakeClock, backend: MemoryBackend) -> Iterator[Scheduler]:
     s.shutdown()
 
 
-def tracked_objects() -> int:
-    # The least of a few counts: the engine's thread may be planning the next instant
-    # meanwhile, and the tuples it makes are tracked until the next collection.
+def tracked_objects(clock: FakeClock) -> int:
+    """Objects the collector tracks, but for the next instant's ticks, which the engine's
+    thread may or may not have worked out yet (it does so shortly after an instant)."""
+    # The least of a few counts: the tuples made while planning are tracked until the
+    # next collection.
     counts = []
     for _ in range(3):
         gc.collect()
-        counts.append(len(gc.get_objects()))
+        now = clock.now()
+        counts.append(
+            sum(1 for o in gc.get_objects() if not (isinstance(o, Tick) and o.scheduled_at > now))
+        )
     return min(counts)
 
 
@@ -71,9 +80,9 @@ def test_kept_outcomes_add_no_tracked_objects(
     scheduler: Scheduler, clock: FakeClock, backend: MemoryBackend
 ) -> None:
     run_ticks(scheduler, clock, 1, 1)
-    before = tracked_objects()
+    before = tracked_objects(clock)
     run_ticks(scheduler, clock, 2, HISTORY_KEPT)
-    after = tracked_objects()
+    after = tracked_objects(clock)
     # Kept as tracked objects, the history alone would add JOBS * (HISTORY_KEPT - 1).
     assert after - before < JOBS // 4
     # ...and everything kept reads back as it was recorded.
@@ -103,3 +112,91 @@ def test_a_sleeping_scheduler_keeps_nothing_of_the_instants_it_ran(
     # Kept until the next instant, a burst's objects would reach the collector's oldest
     # generation each time and make its full passes longer.
     assert left == {}
+
+
+# ---- the collector is held back while an instant's runs start ---------------------------
+
+
+@pytest.fixture
+def collector_enabled() -> Iterator[None]:
+    assert gc.isenabled()
+    yield
+    assert gc.isenabled(), "a test left the collector disabled"
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_holds_nest_across_schedulers_and_restore_the_collector() -> None:
+    first, second, off = CollectorHold(True), CollectorHold(True), CollectorHold(False)
+    assert off.take() is False
+    assert gc.isenabled()
+    assert first.take() is True
+    assert first.take() is False  # one hold per scheduler
+    assert second.take() is True
+    assert not gc.isenabled()
+    first.release()
+    first.release()  # a second release changes nothing
+    assert not gc.isenabled()  # the other scheduler still holds it
+    second.release()
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_a_process_that_turned_the_collector_off_keeps_it_off() -> None:
+    hold = CollectorHold(True)
+    gc.disable()
+    try:
+        hold.take()
+        hold.release()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def two_jobs_one_thread(
+    clock: FakeClock, first: Callable[[], None], **options: object
+) -> Scheduler:
+    """Two jobs due at one instant and one worker thread: while the first runs, the second
+    waits for the thread."""
+    s = Scheduler(clock=clock, max_workers=1, **options)
+    s.add_job(every(seconds=10), first, name="first")
+    s.add_job(every(seconds=10), noop, name="second")
+    s.start()
+    return s
+
+
+@pytest.mark.usefixtures("collector_enabled")
+@pytest.mark.parametrize("defer_gc", [True, False])
+def test_the_collector_waits_while_an_instants_runs_start(clock: FakeClock, defer_gc: bool) -> None:
+    seen: list[bool] = []
+    s = two_jobs_one_thread(clock, lambda: seen.append(gc.isenabled()), defer_gc=defer_gc)
+    try:
+        run_ticks(s, clock, 1, 1)
+    finally:
+        s.shutdown()
+    assert seen == [not defer_gc]
+
+
+@pytest.mark.usefixtures("collector_enabled")
+def test_the_collector_is_held_back_for_at_most_the_limit(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released = threading.Event()
+    release = _collector._release
+
+    def spied_release() -> None:
+        release()
+        released.set()
+
+    monkeypatch.setattr(_collector, "_release", spied_release)
+    waited: list[bool] = []
+
+    def first() -> None:
+        # The second run waits for this thread until this one returns, yet the hold ends.
+        waited.append(released.wait(10 + HOLD_LIMIT))
+
+    s = two_jobs_one_thread(clock, first)
+    try:
+        run_ticks(s, clock, 1, 1)
+    finally:
+        s.shutdown()
+    assert waited == [True]

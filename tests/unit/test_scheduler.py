@@ -203,6 +203,7 @@ def test_registration_errors_name_the_job(scheduler: Scheduler) -> None:
         ({"max_workers": 0}, "max_workers"),
         ({"stop_timeout": -1}, "stop_timeout"),
         ({"listeners": [object()]}, "listeners"),
+        ({"defer_gc": "yes"}, "defer_gc"),
     ],
 )
 def test_bad_scheduler_options(options: dict[str, object], message: str) -> None:
