@@ -136,6 +136,7 @@ class Engine(RunExecutor):
         self._state = "stopping"
         self._poke()
         await self._main
+        self._release_collector()  # no instant starts after this
         for state, claim in self._waiting:
             self._record(state, claim, Outcome.MISSED, "scheduler shut down first", claim.locked)
         self._waiting.clear()
@@ -156,7 +157,6 @@ class Engine(RunExecutor):
         stuck = await asyncio.to_thread(self._workers.stop, 0.5 if wait else 0.0)
         for thread in stuck:
             self.observer.log(_ERROR, "worker_stuck", f"{thread.name} ignores cancellation")
-        self._release_collector()
         self._state = "stopped"
         self._stopped.set_result(None)
         self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")
