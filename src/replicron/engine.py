@@ -354,12 +354,12 @@ class Engine(RunExecutor):
             return
         claims = await self.backend.claim(requests)
         del requests  # thousands of objects, no longer needed while the runs start
-        now, claimed = self.clock.now(), ClaimStatus.CLAIMED
-        start = self._start
+        now = self.clock.now()
         if unusual:
             for index, (state, claim) in enumerate(zip(states, claims, strict=True)):
                 self._settle(state, claim, unusual.get(index, "run"), now)
         else:
+            start, claimed = self._start, ClaimStatus.CLAIMED
             for state, claim in zip(states, claims, strict=True):
                 if claim.status is claimed:
                     start(state, claim, now)

@@ -69,7 +69,7 @@ class RunRecord(NamedTuple):
 #: A :class:`RunRecord` as a plain tuple of plain values, its outcome as the string. The
 #: garbage collector stops tracking such a tuple at its first pass (it cannot for a named
 #: tuple, or one holding an enum member), so the records kept for a while (each job's last
-#: outcome, the memory backend's history) never make its full passes longer or more frequent.
+#: outcome, the memory backend's history) add nothing to its full passes.
 PackedRecord = tuple[
     str, datetime, str, str, int | None, datetime | None, datetime | None, str | None
 ]
