@@ -15,7 +15,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Sequence
-from datetime import datetime, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from typing import Any, Literal, TypeVar
 
 from ._collector import CollectorHold
@@ -43,6 +43,9 @@ _new = tuple.__new__
 _T = TypeVar("_T")
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
+#: How long before its instant a later instant is planned ahead: in time to work out even
+#: 100,000 ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
+_PREPARE_AHEAD = timedelta(seconds=10)
 
 
 class Engine(RunExecutor):
@@ -85,6 +88,7 @@ class Engine(RunExecutor):
         self._to_submit: list[Run] = []
         self._supervising = False
         self._prepare_handle: asyncio.TimerHandle | None = None
+        self._prepare_at: datetime | None = None  # wake up then to plan the next instant
         self._collector = CollectorHold(defer_gc)
         self._collector_limit: asyncio.TimerHandle | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
@@ -178,8 +182,16 @@ class Engine(RunExecutor):
     # ---- the loop ----------------------------------------------------------------------
 
     async def _run_loop(self) -> None:
+        assert self._wake is not None
         while self._state == "running":
-            await self._sleep(await self._step())
+            wake_at = await self._step()
+            prepare_at = self._prepare_at
+            if prepare_at is not None and (wake_at is None or prepare_at < wake_at):
+                await self._sleep(prepare_at)
+                if self._wake.is_set() or self._state != "running":
+                    continue  # something changed: decide afresh
+                self._prepare_now()
+            await self._sleep(wake_at)
 
     async def _step(self) -> datetime | None:
         """Handle what is due now; returns when to wake next. A step of its own so that
@@ -215,12 +227,16 @@ class Engine(RunExecutor):
         return wake_at
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:
-        """Plan the next instant's ticks while idle, but not at once: the runs just handed
-        to the worker threads need the GIL first."""
+        """Plan the next instant's ticks while idle: shortly before it, if it is far off
+        (the loop wakes up for it), else soon but not at once, since the runs just handed to
+        the worker threads need the GIL first."""
+        self._prepare_at = None
         if wake_at is None or self._prepare_handle is not None:
             return
-        lead = (wake_at - self.clock.now()).total_seconds()
-        if lead > 4 * _PREPARE_DELAY:
+        lead = wake_at - self.clock.now()
+        if lead > _PREPARE_AHEAD:
+            self._prepare_at = wake_at - _PREPARE_AHEAD
+        elif lead.total_seconds() > 4 * _PREPARE_DELAY:
             assert self._loop is not None
             self._prepare_handle = self._loop.call_later(_PREPARE_DELAY, self._prepare_now)
 
