@@ -1,7 +1,9 @@
-"""Shared fixtures: every test must leave no replicron thread running."""
+"""Shared fixtures: every test must leave no replicron thread running, and the garbage
+collector enabled (schedulers hold it back while an instant's runs start)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 
@@ -21,3 +23,10 @@ def no_leaked_threads() -> Iterator[None]:
         thread.join(timeout=5)  # a worker finishing the task it was given at shutdown
     still = [t.name for t in leaked if t.is_alive()]
     assert not still, f"threads left running: {still}"
+
+
+@pytest.fixture(autouse=True)
+def collector_enabled_after() -> Iterator[None]:
+    assert gc.isenabled(), "the garbage collector was disabled before the test"
+    yield
+    assert gc.isenabled(), "the test left the garbage collector disabled"

@@ -117,14 +117,6 @@ def test_a_sleeping_scheduler_keeps_nothing_of_the_instants_it_ran(
 # ---- the collector is held back while an instant's runs start ---------------------------
 
 
-@pytest.fixture
-def collector_enabled() -> Iterator[None]:
-    assert gc.isenabled()
-    yield
-    assert gc.isenabled(), "a test left the collector disabled"
-
-
-@pytest.mark.usefixtures("collector_enabled")
 def test_holds_nest_across_schedulers_and_restore_the_collector() -> None:
     first, second, off = CollectorHold(True), CollectorHold(True), CollectorHold(False)
     assert off.take() is False
@@ -140,7 +132,6 @@ def test_holds_nest_across_schedulers_and_restore_the_collector() -> None:
     assert gc.isenabled()
 
 
-@pytest.mark.usefixtures("collector_enabled")
 def test_a_process_that_turned_the_collector_off_keeps_it_off() -> None:
     hold = CollectorHold(True)
     gc.disable()
@@ -164,7 +155,6 @@ def two_jobs_one_thread(
     return s
 
 
-@pytest.mark.usefixtures("collector_enabled")
 @pytest.mark.parametrize("defer_gc", [True, False])
 def test_the_collector_waits_while_an_instants_runs_start(clock: FakeClock, defer_gc: bool) -> None:
     seen: list[bool] = []
@@ -176,7 +166,6 @@ def test_the_collector_waits_while_an_instants_runs_start(clock: FakeClock, defe
     assert seen == [not defer_gc]
 
 
-@pytest.mark.usefixtures("collector_enabled")
 def test_the_collector_is_held_back_for_at_most_the_limit(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
