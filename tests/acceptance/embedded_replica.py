@@ -21,16 +21,15 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from replicron import EmbeddedBackend, ReplicronError, Scheduler, current_run, every
+from tests.acceptance._runner import set_up_replica_process
 
 logger = logging.getLogger("replicron.acceptance")
 
@@ -78,18 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {args.replica_id} %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("replicron").setLevel(logging.DEBUG)
-    stop = threading.Event()
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop = set_up_replica_process(args.replica_id)
 
     out = Output(args.replica_id)
     scheduler = Scheduler(backend=EmbeddedBackend(args.state_dir), replica_id=args.replica_id)

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from types import FrameType
 
 import psycopg
 
 from replicron import Scheduler, SystemClock, current_run, every
 from replicron.postgres import PostgresBackend
+from tests.acceptance._runner import set_up_replica_process
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS acceptance_runs (
@@ -158,19 +156,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {args.replica_id} %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("replicron").setLevel(logging.DEBUG)
-
-    stop = threading.Event()
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop = set_up_replica_process(args.replica_id)
 
     recorder = Recorder(args.dsn, args.replica_id)
     backend = PostgresBackend(

@@ -8,6 +8,8 @@ Each :class:`MemoryBackend` is one replica's handle; handles built on the same
 from __future__ import annotations
 
 import threading
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,11 +28,12 @@ from .base import (
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
-#: Ticks remembered per job for the exactly-once check; a claim of an older tick is refused
-#: (as taken: never run twice). Handles sharing a state live in one process and claim a
-#: tick within moments of each other, so a short memory is enough; 1,024 cost a per-second
-#: job about 70 KB once full.
-TICKS_KEPT = 64
+#: Claimed ticks remembered per job for the exactly-once check (8 bytes each). When there
+#: are more, the earliest is dropped, and a claim of a tick at or before a dropped one is
+#: refused as taken: never run twice. Dropping the earliest, not the first claimed, keeps a
+#: ``catch_up="all"`` backlog (old ticks claimed one by one while newer ones come by) whole
+#: as long as fewer newer ticks of the job than this are claimed meanwhile.
+TICKS_KEPT = 1024
 #: Outcomes kept per job for :meth:`MemoryState.history` (packed, so that the collector
 #: does not track them).
 HISTORY_KEPT = 16
@@ -41,8 +44,10 @@ _new = tuple.__new__
 
 @dataclass(slots=True)
 class _JobState:
-    ticks: dict[datetime, str | None] = field(default_factory=dict)
-    oldest_forgotten: datetime | None = None
+    # Claimed ticks as POSIX timestamps, ascending (a float keeps every microsecond apart
+    # and in order), and the latest one dropped from them: the unique (job, tick) record.
+    claimed: array[float] = field(default_factory=lambda: array("d"))
+    dropped_up_to: float | None = None
     # Who holds the job's run lock: a replica id and a run id (two fields, not a tuple, so
     # that taking the lock allocates nothing).
     lock_replica: str | None = None
@@ -107,12 +112,10 @@ class MemoryBackend:
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         # Once per tick of a burst, before its runs can start: kept lean.
         claims: list[Claim] = []
-        add, take, replica = claims.append, self._take_tick, self.replica_id
-        state = self.state
-        jobs = state.jobs
+        add, take, replica, state = claims.append, self._take_tick, self.replica_id, self.state
         with state.lock:
             for name, tick, lock in requests:
-                job = jobs.get(name) or state.job(name)
+                job = state.job(name)
                 if not take(job, tick):
                     add(_new(Claim, (name, tick, _TAKEN, None, False)))
                 elif lock and job.lock_replica is not None:
@@ -126,15 +129,18 @@ class MemoryBackend:
 
     def _take_tick(self, job: _JobState, tick: datetime) -> bool:
         """Insert the tick unless anybody has it: the unique ``(job, tick)`` record."""
-        ticks, forgotten = job.ticks, job.oldest_forgotten
-        if tick in ticks or (forgotten is not None and tick <= forgotten):
+        key, claimed, dropped = tick.timestamp(), job.claimed, job.dropped_up_to
+        if dropped is not None and key <= dropped:
             return False
-        ticks[tick] = self.replica_id
-        if len(ticks) > TICKS_KEPT:
-            oldest = next(iter(ticks))  # dicts keep insertion order: the oldest claim
-            del ticks[oldest]
-            if forgotten is None or oldest > forgotten:
-                job.oldest_forgotten = oldest
+        if not claimed or key > claimed[-1]:  # the usual case: the newest tick so far
+            claimed.append(key)
+        else:
+            at = bisect_left(claimed, key)
+            if at < len(claimed) and claimed[at] == key:
+                return False
+            claimed.insert(at, key)
+        if len(claimed) > TICKS_KEPT:
+            job.dropped_up_to = claimed.pop(0)
         last = job.last_tick
         if last is None or tick > last:
             job.last_tick = tick
