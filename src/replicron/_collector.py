@@ -10,12 +10,14 @@ fell due meanwhile then runs. Nothing is collected more often and nothing is ski
 collection is only moved, by at most :data:`HOLD_LIMIT`.
 
 Holds nest, across the schedulers of a process. The collector is enabled again only if it was
-enabled when the first hold began, so a process that turned it off keeps it off.
+enabled when the first hold began, so a process that turned it off keeps it off; a process
+forked during a hold enables it again in the child, where nothing would release the hold.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 __all__ = ["HOLD_LIMIT", "CollectorHold"]
@@ -27,44 +29,62 @@ HOLD_LIMIT = 0.1
 _lock = threading.Lock()
 _holds = 0
 _enable_after = False
+_generation = 0  # a forked child starts a new one: holds taken before the fork are void
 
 
-def _hold() -> None:
+def _hold() -> int:
     global _holds, _enable_after
     with _lock:
         if _holds == 0:
             _enable_after = gc.isenabled()
             gc.disable()
         _holds += 1
+        return _generation
 
 
-def _release() -> None:
+def _release(generation: int) -> None:
     global _holds
     with _lock:
+        if generation != _generation:
+            return
         _holds -= 1
         if _holds == 0 and _enable_after:
             gc.enable()
 
 
+def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in the child: nobody there will release a hold.
+    global _lock, _holds, _generation
+    _lock = threading.Lock()
+    if _holds and _enable_after:
+        gc.enable()
+    _holds = 0
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class CollectorHold:
     """One scheduler's hold on the collector: taken at most once at a time, released once."""
 
-    __slots__ = ("enabled", "held")
+    __slots__ = ("_generation", "enabled", "held")
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.held = False
+        self._generation = -1
 
     def take(self) -> bool:
         """Hold the collector back unless this hold is off or taken; True if it was taken
         now."""
         if not self.enabled or self.held:
             return False
-        _hold()
+        self._generation = _hold()
         self.held = True
         return True
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            _release()
+            _release(self._generation)

@@ -87,6 +87,7 @@ class RunExecutor(JobRegistry):
     _supervising: bool
     _collector: CollectorHold
     _collector_limit: asyncio.TimerHandle | None
+    _started_async: bool  # an async run was started since the collector was held
 
     def _quiet_may_have_changed(self, *_: object) -> None:
         raise NotImplementedError
@@ -121,6 +122,7 @@ class RunExecutor(JobRegistry):
         if spec.is_async:
             assert self._loop is not None
             run.task = self._loop.create_task(self._run_async(run))
+            self._started_async = True
             return
         # Runs of one instant go to the workers together, once the loop is done with them.
         to_submit = self._to_submit
@@ -154,15 +156,17 @@ class RunExecutor(JobRegistry):
 
     def _hold_collector(self) -> None:
         if self._collector.take():
+            self._started_async = False
             assert self._loop is not None
             self._collector_limit = self._loop.call_later(HOLD_LIMIT, self._release_collector)
 
     def _release_collector_once_started(self) -> None:
-        """After a dispatch: let the collector go once no run waits for a thread (the
-        supervisor does it then), and after the async runs just created took a first step."""
-        if self._collector.held and not self._supervising:
-            assert self._loop is not None
-            self._loop.call_soon(self._release_collector)
+        """After a dispatch: sync runs still waiting for a thread keep the collector held
+        until they all have one (the supervisor lets it go then). Async runs take their first
+        step on this loop next, and must not take it held: blocking the loop, it would keep
+        the hold's time limit from firing."""
+        if self._collector.held and (self._started_async or not self._supervising):
+            self._release_collector()
 
     def _release_collector(self) -> None:
         if self._collector_limit is not None:
@@ -212,6 +216,7 @@ class RunExecutor(JobRegistry):
             run = done.popleft()
             assert run.finished_at is not None
             finish(run, run.error, run.finished_at)
+            run.error = None  # a run with a timeout stays referenced until its deadline
 
     async def _run_async(self, run: Run) -> None:
         run.started_at = self.clock.now()

@@ -15,7 +15,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Sequence
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any, Literal, TypeVar
 
 from ._collector import CollectorHold
@@ -37,15 +37,15 @@ __all__ = ["Engine"]
 _INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
 ConcurrencyMode = Literal["queue", "skip"]
 #: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
-Action = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
+TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
 #: Named tuples built from a tuple of their fields without a Python-level call.
 _new = tuple.__new__
 _T = TypeVar("_T")
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
-#: How long before its instant a later instant is planned ahead: in time to work out even
-#: 100,000 ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
-_PREPARE_AHEAD = timedelta(seconds=10)
+#: Seconds before it that an instant further off is planned: in time to work out even 100,000
+#: ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
+_PREPARE_AHEAD = 10.0
 
 
 class Engine(RunExecutor):
@@ -88,9 +88,10 @@ class Engine(RunExecutor):
         self._to_submit: list[Run] = []
         self._supervising = False
         self._prepare_handle: asyncio.TimerHandle | None = None
-        self._prepare_at: datetime | None = None  # wake up then to plan the next instant
+        self._prepare_for: datetime | None = None  # the instant _prepare_handle plans
         self._collector = CollectorHold(defer_gc)
         self._collector_limit: asyncio.TimerHandle | None = None
+        self._started_async = False
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -139,8 +140,10 @@ class Engine(RunExecutor):
             return
         self._state = "stopping"
         self._poke()
-        await self._main
-        self._release_collector()  # no instant starts after this
+        await self._main  # it let the collector go as it ended
+        if self._prepare_handle is not None:
+            self._prepare_handle.cancel()
+            self._prepare_handle = None
         for state, claim in self._waiting:
             self._record(state, claim, Outcome.MISSED, "scheduler shut down first", claim.locked)
         self._waiting.clear()
@@ -182,16 +185,11 @@ class Engine(RunExecutor):
     # ---- the loop ----------------------------------------------------------------------
 
     async def _run_loop(self) -> None:
-        assert self._wake is not None
-        while self._state == "running":
-            wake_at = await self._step()
-            prepare_at = self._prepare_at
-            if prepare_at is not None and (wake_at is None or prepare_at < wake_at):
-                await self._sleep(prepare_at)
-                if self._wake.is_set() or self._state != "running":
-                    continue  # something changed: decide afresh
-                self._prepare_now()
-            await self._sleep(wake_at)
+        try:
+            while self._state == "running":
+                await self._sleep(await self._step())
+        finally:
+            self._release_collector()  # however the loop ends (cancelled with its loop, say)
 
     async def _step(self) -> datetime | None:
         """Handle what is due now; returns when to wake next. A step of its own so that
@@ -227,29 +225,33 @@ class Engine(RunExecutor):
         return wake_at
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:
-        """Plan the next instant's ticks while idle: shortly before it, if it is far off
-        (the loop wakes up for it), else soon but not at once, since the runs just handed to
-        the worker threads need the GIL first."""
-        self._prepare_at = None
-        if wake_at is None or self._prepare_handle is not None:
+        """Plan the next instant's ticks while idle: soon but not at once, since the runs just
+        handed to the worker threads need the GIL first; or, for an instant further off than
+        ``_PREPARE_AHEAD``, shortly before it (in real time: the clock's sleepers, which tests
+        step through, see only the instants)."""
+        if wake_at is None:
             return
-        lead = wake_at - self.clock.now()
-        if lead > _PREPARE_AHEAD:
-            self._prepare_at = wake_at - _PREPARE_AHEAD
-        elif lead.total_seconds() > 4 * _PREPARE_DELAY:
+        if self._prepare_handle is not None:
+            if self._prepare_for is not None and self._prepare_for <= wake_at:
+                return
+            self._prepare_handle.cancel()  # an earlier instant comes first now
+            self._prepare_handle = None
+        lead = (wake_at - self.clock.now()).total_seconds()
+        if lead > 4 * _PREPARE_DELAY:
             assert self._loop is not None
-            self._prepare_handle = self._loop.call_later(_PREPARE_DELAY, self._prepare_now)
+            delay = max(_PREPARE_DELAY, lead - _PREPARE_AHEAD)
+            self._prepare_handle = self._loop.call_later(delay, self._prepare_now)
+            self._prepare_for = wake_at
 
     def _prepare_now(self) -> None:
-        self._prepare_handle = None
+        self._prepare_handle = self._prepare_for = None
         if self._state != "running":
             return
-        if (self._workers is not None and self._workers.waiting) or self._done:
-            # The last burst is still being worked off: it goes first.
-            wake_at = self._planner.wake_at()
-            self._prepare_soon(wake_at)
-            return
         with self._lock:
+            if (self._workers is not None and self._workers.waiting) or self._done:
+                # The last burst is still being worked off: it goes first.
+                self._prepare_soon(self._planner.wake_at())
+                return
             self._planner.prepare()
 
     async def _guarded(self, step: Awaitable[_T], default: _T, ticks: list[Tick]) -> _T:
@@ -347,7 +349,7 @@ class Engine(RunExecutor):
         # the last run of the burst can begin: keep them lean.
         requests: list[ClaimRequest] = []
         states: list[JobState] = []
-        unusual: dict[int, Action] = {}  # position -> action, where it is not simply "run"
+        unusual: dict[int, TickAction] = {}  # position -> action, where it is not simply "run"
         limit, jobs_get = self.max_concurrent_jobs, self._jobs.get
         active = len(self._active) + len(self._waiting)
         add_request, add_state = requests.append, states.append
@@ -384,16 +386,16 @@ class Engine(RunExecutor):
         if self._to_submit:  # hand the instant's sync runs over before anything else
             self._submit_all()
 
-    def _action(self, state: JobState, active: int) -> Action:
+    def _action(self, state: JobState, active: int) -> TickAction:
         """What to do with a tick of a job that is running here, or under a concurrency
         limit with ``active`` runs started or waiting."""
-        action: Action = overlap_action(state.spec.overlap, state.running)
+        action: TickAction = overlap_action(state.spec.overlap, state.running)
         limit = self.max_concurrent_jobs
         if action == "run" and limit is not None and active >= limit:
             return "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
         return action
 
-    def _settle(self, state: JobState, claim: Claim, action: Action, now: datetime) -> None:
+    def _settle(self, state: JobState, claim: Claim, action: TickAction, now: datetime) -> None:
         """Start, record, queue or drop a tick the backend answered for."""
         status = claim.status
         if status is ClaimStatus.TAKEN:

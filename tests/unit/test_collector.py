@@ -10,6 +10,7 @@ runs start.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from datetime import timedelta
 
 import pytest
 
-from replicron import MemoryBackend, Outcome, RunContext, Scheduler, _collector, every
+from replicron import MemoryBackend, Outcome, RunContext, Scheduler, _collector, _runs, every
 from replicron._collector import HOLD_LIMIT, CollectorHold
 from replicron._runs import Run
 from replicron.backends import Claim, ClaimRequest
@@ -117,8 +118,20 @@ def test_a_sleeping_scheduler_keeps_nothing_of_the_instants_it_ran(
 # ---- the collector is held back while an instant's runs start ---------------------------
 
 
-def test_holds_nest_across_schedulers_and_restore_the_collector() -> None:
-    first, second, off = CollectorHold(True), CollectorHold(True), CollectorHold(False)
+@pytest.fixture
+def holds() -> Iterator[list[CollectorHold]]:
+    """Holds made by a test, all released afterwards even if it fails half-way."""
+    made: list[CollectorHold] = []
+    yield made
+    for hold in made:
+        hold.release()
+
+
+def test_holds_nest_across_schedulers_and_restore_the_collector(
+    holds: list[CollectorHold],
+) -> None:
+    holds += [CollectorHold(True), CollectorHold(True), CollectorHold(False)]
+    first, second, off = holds
     assert off.take() is False
     assert gc.isenabled()
     assert first.take() is True
@@ -132,8 +145,10 @@ def test_holds_nest_across_schedulers_and_restore_the_collector() -> None:
     assert gc.isenabled()
 
 
-def test_a_process_that_turned_the_collector_off_keeps_it_off() -> None:
-    hold = CollectorHold(True)
+def test_a_process_that_turned_the_collector_off_keeps_it_off(
+    holds: list[CollectorHold],
+) -> None:
+    holds.append(hold := CollectorHold(True))
     gc.disable()
     try:
         hold.take()
@@ -143,11 +158,30 @@ def test_a_process_that_turned_the_collector_off_keeps_it_off() -> None:
         gc.enable()
 
 
+def test_a_child_forked_during_a_hold_has_the_collector_enabled(
+    holds: list[CollectorHold],
+) -> None:
+    holds.append(hold := CollectorHold(True))
+    hold.take()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing there would ever release the parent's hold
+        child_hold = CollectorHold(True)
+        child_hold.take()
+        child_hold.release()
+        hold.release()  # a hold from before the fork changes nothing
+        os._exit(0 if gc.isenabled() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not gc.isenabled()  # the parent still holds it
+    hold.release()
+    assert gc.isenabled()
+
+
 def two_jobs_one_thread(
-    clock: FakeClock, first: Callable[[], None], **options: object
+    clock: FakeClock, first: Callable[[], object], **options: object
 ) -> Scheduler:
     """Two jobs due at one instant and one worker thread: while the first runs, the second
-    waits for the thread."""
+    waits for the thread (if both are sync)."""
     s = Scheduler(clock=clock, max_workers=1, **options)
     s.add_job(every(seconds=10), first, name="first")
     s.add_job(every(seconds=10), noop, name="second")
@@ -156,7 +190,11 @@ def two_jobs_one_thread(
 
 
 @pytest.mark.parametrize("defer_gc", [True, False])
-def test_the_collector_waits_while_an_instants_runs_start(clock: FakeClock, defer_gc: bool) -> None:
+def test_the_collector_waits_while_an_instants_runs_start(
+    clock: FakeClock, defer_gc: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # However slowly the first run's thread gets going, the limit does not end the hold.
+    monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
     seen: list[bool] = []
     s = two_jobs_one_thread(clock, lambda: seen.append(gc.isenabled()), defer_gc=defer_gc)
     try:
@@ -166,22 +204,42 @@ def test_the_collector_waits_while_an_instants_runs_start(clock: FakeClock, defe
     assert seen == [not defer_gc]
 
 
+def test_async_runs_begin_with_the_collector_let_go(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An async run's first step runs on the engine's loop: holding the collector through
+    # it, a step that blocks the loop would hold it past the limit, which needs the loop.
+    monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
+    seen: list[bool] = []
+
+    async def first() -> None:
+        seen.append(gc.isenabled())
+
+    s = two_jobs_one_thread(clock, first)
+    try:
+        run_ticks(s, clock, 1, 1)
+    finally:
+        s.shutdown()
+    assert seen == [True]
+
+
 def test_the_collector_is_held_back_for_at_most_the_limit(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     released = threading.Event()
     release = _collector._release
 
-    def spied_release() -> None:
-        release()
+    def spied_release(generation: int) -> None:
+        release(generation)
         released.set()
 
     monkeypatch.setattr(_collector, "_release", spied_release)
     waited: list[bool] = []
 
     def first() -> None:
-        # The second run waits for this thread until this one returns, yet the hold ends.
-        waited.append(released.wait(10 + HOLD_LIMIT))
+        # The second run waits for this thread until this one returns, yet the hold ends,
+        # within a generous bound of the limit.
+        waited.append(released.wait(max(2.0, 20 * HOLD_LIMIT)))
 
     s = two_jobs_one_thread(clock, first)
     try:
