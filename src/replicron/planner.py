@@ -76,7 +76,8 @@ class Planner:
         self._heap: list[tuple[datetime, int, str, int]] = []
         self._seq = itertools.count()
         # Ticks of the next instant, worked out ahead by prepare(): job -> tick. Built then,
-        # while idle, rather than when they are due and every microsecond delays a run.
+        # while idle, rather than when they are due and every microsecond delays a run; the
+        # collector tracks them meanwhile (one per job, until the instant).
         self._prepared: dict[str, Tick] = {}
         self._prepared_at: datetime | None = None
 
