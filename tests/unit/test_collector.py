@@ -177,16 +177,19 @@ def test_a_child_forked_during_a_hold_has_the_collector_enabled(
     assert gc.isenabled()
 
 
-def two_jobs_one_thread(
+def run_two_jobs_on_one_thread(
     clock: FakeClock, first: Callable[[], object], **options: object
-) -> Scheduler:
-    """Two jobs due at one instant and one worker thread: while the first runs, the second
+) -> None:
+    """Run one instant of two jobs on one worker thread: while the first runs, the second
     waits for the thread (if both are sync)."""
     s = Scheduler(clock=clock, max_workers=1, **options)
     s.add_job(every(seconds=10), first, name="first")
     s.add_job(every(seconds=10), noop, name="second")
     s.start()
-    return s
+    try:
+        run_ticks(s, clock, 1, 1)
+    finally:
+        s.shutdown()
 
 
 @pytest.mark.parametrize("defer_gc", [True, False])
@@ -196,11 +199,7 @@ def test_the_collector_waits_while_an_instants_runs_start(
     # However slowly the first run's thread gets going, the limit does not end the hold.
     monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
     seen: list[bool] = []
-    s = two_jobs_one_thread(clock, lambda: seen.append(gc.isenabled()), defer_gc=defer_gc)
-    try:
-        run_ticks(s, clock, 1, 1)
-    finally:
-        s.shutdown()
+    run_two_jobs_on_one_thread(clock, lambda: seen.append(gc.isenabled()), defer_gc=defer_gc)
     assert seen == [not defer_gc]
 
 
@@ -215,11 +214,7 @@ def test_async_runs_begin_with_the_collector_let_go(
     async def first() -> None:
         seen.append(gc.isenabled())
 
-    s = two_jobs_one_thread(clock, first)
-    try:
-        run_ticks(s, clock, 1, 1)
-    finally:
-        s.shutdown()
+    run_two_jobs_on_one_thread(clock, first)
     assert seen == [True]
 
 
@@ -241,9 +236,5 @@ def test_the_collector_is_held_back_for_at_most_the_limit(
         # within a generous bound of the limit.
         waited.append(released.wait(max(2.0, 20 * HOLD_LIMIT)))
 
-    s = two_jobs_one_thread(clock, first)
-    try:
-        run_ticks(s, clock, 1, 1)
-    finally:
-        s.shutdown()
+    run_two_jobs_on_one_thread(clock, first)
     assert waited == [True]
