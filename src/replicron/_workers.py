@@ -78,8 +78,7 @@ class WorkerPool(Generic[T]):
         must not raise."""
         self._pending.extend(items)
         with self._lock:
-            if self._pending and not self._awake and not self._signalled:
-                self._signal()
+            self._wake_one_unless_taken_care_of()
 
     def supervise(self) -> bool:
         """While runs wait: wake one more thread if the awake ones are stuck. Returns whether
@@ -98,6 +97,11 @@ class WorkerPool(Generic[T]):
     def _signal(self) -> None:
         self._signalled += 1
         self._signals.put(_WAKE)
+
+    def _wake_one_unless_taken_care_of(self) -> None:
+        """With the lock held: runs wait, and no thread is awake or on its way to them."""
+        if self._pending and not self._awake and not self._signalled:
+            self._signal()
 
     def _work(self) -> None:
         get, pending, started, lock = self._signals.get, self._pending, self._started, self._lock
@@ -122,8 +126,7 @@ class WorkerPool(Generic[T]):
             finally:
                 with lock:
                     self._awake.discard(me)
-                    if pending and not self._awake and not self._signalled:
-                        self._signal()  # work arrived as this thread was going back to sleep
+                    self._wake_one_unless_taken_care_of()  # work came as this one was leaving
 
     def stop(self, timeout: float | None) -> list[threading.Thread]:
         """Ask every thread to finish; wait up to ``timeout`` seconds.
