@@ -384,10 +384,15 @@ class RunExecutor(JobRegistry):
         pending = finished.pending
         if pending is not None:
             finished.pending = None
-            if finished.spec.overlap != "allow" and not await self.backend.lock(pending):
-                self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
+            try:
+                locked = finished.spec.overlap == "allow" or await self.backend.lock(pending)
+            except Exception as exc:
+                self._record(finished, pending, Outcome.MISSED, f"could not take its lock: {exc}")
             else:
-                self._start(finished, pending._replace(locked=finished.spec.overlap != "allow"))
+                if not locked:
+                    self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
+                else:
+                    self._start(finished, pending._replace(locked=finished.spec.overlap != "allow"))
         if finished.backlog and not finished.running:
             with self._lock:
                 self._immediate.append(Tick(finished.spec.name, finished.backlog.popleft()))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from ._tz import UTC
 
-__all__ = ["Clock", "SystemClock"]
+__all__ = ["Clock", "ClusterClock", "SystemClock"]
 
 # Sleep in slices no longer than this, so that a wall-clock step (NTP, suspend) is noticed.
 _MAX_SLICE = 60.0
@@ -51,3 +52,29 @@ class SystemClock:
 
     def __repr__(self) -> str:
         return "SystemClock()"
+
+
+class ClusterClock:
+    """A clock shifted by an offset measured elsewhere: the system clock corrected to the
+    coordinator's (PostgreSQL's) clock, so every replica fires ticks on one time base whatever
+    its own clock says. ``offset()`` is read on every call (it may be updated meanwhile, from
+    another thread); ``None`` means not measured: the base clock's time."""
+
+    def __init__(self, base: Clock, offset: Callable[[], timedelta | None]) -> None:
+        self.base = base
+        self._offset = offset
+
+    def now(self) -> datetime:
+        offset = self._offset()
+        return self.base.now() if offset is None else self.base.now() + offset
+
+    def sleep_until(self, deadline: datetime, /) -> None:
+        while (remaining := (deadline - self.now()).total_seconds()) > 0:
+            time.sleep(min(remaining, _MAX_SLICE))
+
+    async def asleep_until(self, deadline: datetime, /) -> None:
+        while (remaining := (deadline - self.now()).total_seconds()) > 0:
+            await asyncio.sleep(min(remaining, _MAX_SLICE))
+
+    def __repr__(self) -> str:
+        return f"ClusterClock({self.base!r}, offset={self._offset()})"

@@ -15,7 +15,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Sequence
-from datetime import datetime, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from typing import Any, Literal, TypeVar
 
 from ._collector import CollectorHold
@@ -24,13 +24,13 @@ from ._registry import JobState
 from ._runs import Run, RunExecutor
 from ._workers import WorkerPool
 from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
-from .clock import Clock
+from .clock import Clock, ClusterClock, SystemClock
 from .context import _current
 from .errors import (
     SchedulerClosedError,
 )
 from .events import Listener, Outcome
-from .planner import Tick, catch_up_plan, overlap_action
+from .planner import Tick, catch_up_plan, overlap_action, resync_plan
 
 __all__ = ["Engine"]
 
@@ -46,6 +46,11 @@ _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
 #: ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
 _PREPARE_AHEAD = 10.0
+#: Seconds between tries to reach an unreachable backend again, and before asking again for a
+#: tick the backend said was not yet due by its clock.
+_RETRY_UNREACHABLE = 1.0
+_RETRY_EARLY = 0.1
+_EPSILON = timedelta(microseconds=1)
 
 
 class Engine(RunExecutor):
@@ -63,6 +68,8 @@ class Engine(RunExecutor):
         max_workers: int,
         defer_gc: bool,
     ) -> None:
+        if type(clock) is SystemClock:  # one time base for the cluster: the coordinator's
+            clock = ClusterClock(clock, backend.clock_offset)
         self.clock, self.backend, self.timezone = clock, backend, timezone
         self.replica_id = replica_id
         self.max_concurrent_jobs = max_concurrent_jobs
@@ -92,6 +99,12 @@ class Engine(RunExecutor):
         self._collector = CollectorHold(defer_gc)
         self._collector_limit: asyncio.TimerHandle | None = None
         self._started_async = False
+        # Ticks whose handling failed with the backend (job -> first and last such tick),
+        # handled again once it answers; ticks to claim again (the backend's clock said they
+        # were not yet due).
+        self._unhandled: dict[str, tuple[datetime, datetime]] = {}
+        self._early: list[tuple[datetime, Tick]] = []
+        self._retry_at: datetime | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -202,27 +215,97 @@ class Engine(RunExecutor):
             decision = self._planner.decide(now)
             immediate, self._immediate = self._immediate, []
             catch_up, self._catch_up_needed = self._catch_up_needed, []
+        if self._early:
+            immediate += self._early_due(now)
         # Each step is guarded on its own: a backend failure must not stop the scheduler,
-        # and failing to record a miss must not keep due ticks from running.
+        # and failing to record a miss must not keep due ticks from running. What failed is
+        # handled again once the backend answers: no tick is dropped with a failed statement.
+        self._retry_at = None
         if catch_up:
-            immediate += await self._guarded(self._catch_up(catch_up, now), [], [])
+            found = await self._guarded(self._catch_up(catch_up, now), None, [])
+            if found is None:
+                with self._lock:
+                    self._catch_up_needed.extend(catch_up)
+                self._retry_later(now)
+            else:
+                immediate += found
+        if self._unhandled:
+            immediate += await self._resync(now, {tick.job for tick in decision.due})
         due = immediate + decision.due
         if due:
+            if immediate:
+                due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
             self._hold_collector()
             try:
-                await self._guarded(self._dispatch(due), None, due)
+                if await self._guarded(self._dispatch(due), False, due) is False:
+                    self._unhandle(due, now)
             finally:
                 self._release_collector_once_started()
         if decision.missed:
             missed = self._record_missed(decision.missed, decision.truncated)
-            await self._guarded(missed, None, decision.missed)
+            if await self._guarded(missed, False, decision.missed) is False:
+                self._unhandle(decision.missed, now)
         self._expire(self.clock.now())
         with self._lock:
             wake_at = self._planner.wake_at()
         self._prepare_soon(wake_at)
-        if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
-            wake_at = self._deadlines[0][0]
+        for other in (
+            self._deadlines[0][0] if self._deadlines else None,
+            self._early[0][0] if self._early else None,
+            self._retry_at,
+        ):
+            if other is not None and (wake_at is None or other < wake_at):
+                wake_at = other
         return wake_at
+
+    def _retry_later(self, now: datetime) -> None:
+        retry = now + timedelta(seconds=_RETRY_UNREACHABLE)
+        if self._retry_at is None or retry < self._retry_at:
+            self._retry_at = retry
+
+    def _unhandle(self, ticks: list[Tick], now: datetime) -> None:
+        """The backend failed with these ticks: remember them, to be run or recorded missed
+        (by the job's catch-up policy) once it answers again."""
+        for job, tick in ticks:
+            first, last = self._unhandled.get(job, (tick, tick))
+            self._unhandled[job] = (min(first, tick), max(last, tick))
+        self._retry_later(now)
+
+    async def _resync(self, now: datetime, due_now: set[str]) -> list[Tick]:
+        unhandled, self._unhandled = self._unhandled, {}
+        runs: list[Tick] = []
+        missed: list[Tick] = []
+        for name, (first, last) in unhandled.items():
+            state = self._jobs.get(name)
+            if state is None:
+                continue
+            spec = state.spec
+            run, skip = resync_plan(
+                spec.trigger, first, last, now, spec.catch_up, spec.misfire_grace,
+                superseded=name in due_now,
+            )  # fmt: skip
+            if run:
+                runs.append(Tick(name, run[0]))
+                if len(run) > 1:
+                    state.backlog = deque(run[1:])
+            missed += [Tick(name, tick) for tick in skip]
+        if missed:
+            why = "the backend was unreachable when it fell due"
+            if await self._guarded(self._record_missed(missed, set(), why), False, missed) is False:
+                self._unhandle(missed + runs, now)
+                return []
+        if runs or missed:
+            self.observer.log(
+                _WARNING, "resync",
+                f"backend reachable again: {len(runs)} ticks to run, {len(missed)} recorded "
+                "missed (by each job's catch_up and misfire_grace)",
+            )  # fmt: skip
+        return runs
+
+    def _early_due(self, now: datetime) -> list[Tick]:
+        due = [tick for at, tick in self._early if at <= now]
+        self._early = [(at, tick) for at, tick in self._early if at > now]
+        return due
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:
         """Plan the next instant's ticks while idle: soon but not at once, since the runs just
@@ -298,7 +381,14 @@ class Engine(RunExecutor):
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
-        return not (self._active or self._waiting or self._releases or self._tasks or self._done)
+        return not (
+            self._active
+            or self._waiting
+            or self._releases
+            or self._tasks
+            or self._done
+            or self._early
+        )
 
     def _quiet_may_have_changed(self, *_: object) -> None:
         if self._quiet_changed is not None:
@@ -344,7 +434,7 @@ class Engine(RunExecutor):
 
     # ---- dispatch ----------------------------------------------------------------------
 
-    async def _dispatch(self, ticks: list[Tick]) -> None:
+    async def _dispatch(self, ticks: list[Tick]) -> bool:
         # These loops run once per tick of a burst, thousands of times at one instant, before
         # the last run of the burst can begin: keep them lean.
         requests: list[ClaimRequest] = []
@@ -369,7 +459,7 @@ class Engine(RunExecutor):
             add_request(_new(ClaimRequest, (job, scheduled_at, lock)))
             add_state(state)
         if not requests:
-            return
+            return True
         claims = await self.backend.claim(requests)
         del requests  # thousands of objects, no longer needed while the runs start
         now = self.clock.now()
@@ -385,6 +475,7 @@ class Engine(RunExecutor):
                     self._settle(state, claim, "run", now)
         if self._to_submit:  # hand the instant's sync runs over before anything else
             self._submit_all()
+        return True
 
     def _action(self, state: JobState, active: int) -> TickAction:
         """What to do with a tick of a job that is running here, or under a concurrency
@@ -404,6 +495,14 @@ class Engine(RunExecutor):
             )
         elif status is ClaimStatus.LOCKED:
             self._record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
+        elif status is ClaimStatus.EARLY:
+            self.observer.log(
+                _DEBUG, "early", "not yet due by the backend's clock; asking again shortly",
+                claim.job, claim.scheduled_at,
+            )  # fmt: skip
+            retry = now + timedelta(seconds=_RETRY_EARLY)
+            self._early.append((retry, Tick(claim.job, claim.scheduled_at)))
+            self._early.sort(key=lambda entry: entry[0])
         elif action == "run":
             self._start(state, claim, now)
         elif action == "skip":

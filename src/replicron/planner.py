@@ -23,6 +23,7 @@ __all__ = [
     "catch_up_plan",
     "latest_due",
     "overlap_action",
+    "resync_plan",
 ]
 
 #: How many consecutive missed ticks of one job are enumerated (and recorded) one by one;
@@ -275,6 +276,36 @@ def catch_up_plan(
         # Too old to run; when truncated, `latest` lies beyond the listed ticks.
         return [], missed if truncated else ticks, truncated
     return [latest], missed, truncated
+
+
+def resync_plan(
+    trigger: Trigger,
+    first: datetime,
+    last: datetime,
+    now: datetime,
+    policy: CatchUp,
+    grace: timedelta | None,
+    superseded: bool,
+) -> tuple[list[datetime], list[datetime]]:
+    """Ticks from ``first`` to ``last`` whose handling failed (the backend was unreachable),
+    handled like ticks missed while no replica was up: returns (ticks to run now, ticks to
+    record as missed). ``superseded``: a later tick of the job is due now, so none of these
+    runs (it coalesces them). At most :data:`MAX_ENUMERATED_TICKS` are listed, the latest."""
+    ticks: list[datetime] = []
+    current: datetime | None = first
+    while current is not None and current <= last:
+        ticks.append(current)
+        if len(ticks) > MAX_ENUMERATED_TICKS:
+            del ticks[0]
+        current = trigger.next_after(current)
+    if not ticks or superseded or policy == "none":
+        return [], ticks
+    if policy == "all":
+        return ticks, []
+    latest = ticks[-1]
+    if grace is not None and now - latest > grace:
+        return [], ticks
+    return [latest], ticks[:-1]
 
 
 def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:

@@ -10,6 +10,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from replicron import Scheduler, every
 from replicron.postgres import PostgresBackend
+from replicron.postgres._sql import migrations
 from replicron.testing import FakeClock
 from tests.helpers import z
 
@@ -36,15 +37,16 @@ def test_migrate_applies_once_and_masks_the_password(dsn: str) -> None:
     url = with_password(dsn, "hunter2")
     first = replicron("migrate", "--database-url", url)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines() == [f"applied 0001_initial to {url.replace('hunter2', '***')}"]
+    masked = url.replace("hunter2", "***")
+    names = [f"{m.version:04d}_{m.name}" for m in migrations()]
+    assert first.stdout.splitlines() == [f"applied {name} to {masked}" for name in names]
     again = replicron("migrate", "--database-url", url)
     assert again.returncode == 0
     assert again.stdout.strip().endswith("is up to date")
     assert "hunter2" not in first.stdout + again.stdout + first.stderr + again.stderr
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT version, name FROM replicron_migrations").fetchall() == [
-            (1, "initial")
-        ]
+        recorded = conn.execute("SELECT version, name FROM replicron_migrations ORDER BY 1")
+        assert recorded.fetchall() == [(m.version, m.name) for m in migrations()]
 
 
 def test_status_lists_jobs(dsn: str) -> None:

@@ -23,12 +23,11 @@ from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, R
 from replicron.errors import ConfigurationError
 from replicron.events import Outcome
 from replicron.postgres import (
-    BackendUnavailableError,
     LockKeyCollisionError,
     PostgresBackend,
     migrate,
 )
-from replicron.postgres._sql import queries
+from replicron.postgres._sql import migrations, queries
 from tests.helpers import z
 
 CLAIMED, TAKEN, LOCKED = ClaimStatus.CLAIMED, ClaimStatus.TAKEN, ClaimStatus.LOCKED
@@ -127,21 +126,28 @@ async def opened(
 # ---- migrations -------------------------------------------------------------------------
 
 
+#: Every migration, as migrate() names those it applied and as replicron_migrations records them.
+ALL_MIGRATIONS = [f"{m.version:04d}_{m.name}" for m in migrations()]
+RECORDED = [(m.version, m.name) for m in migrations()]
+
+
 def test_migrations_are_applied_once_and_recorded(dsn: str) -> None:
-    assert asyncio.run(migrate(dsn)) == ["0001_initial"]
-    [(version, name, applied_at)] = sql(dsn, "SELECT * FROM replicron_migrations")
-    assert (version, name) == (1, "initial")
+    assert len(ALL_MIGRATIONS) >= 2
+    assert asyncio.run(migrate(dsn)) == ALL_MIGRATIONS
+    rows = sql(dsn, "SELECT version, name, applied_at FROM replicron_migrations ORDER BY 1")
+    assert [(version, name) for version, name, _ in rows] == RECORDED
     assert sql(dsn, "SELECT to_regclass('replicron_runs') IS NOT NULL") == [(True,)]
+    assert sql(dsn, "SELECT to_regclass('replicron_replicas') IS NOT NULL") == [(True,)]
 
     assert asyncio.run(migrate(dsn)) == []
-    assert sql(dsn, "SELECT * FROM replicron_migrations") == [(1, "initial", applied_at)]
+    assert sql(dsn, "SELECT * FROM replicron_migrations ORDER BY 1") == rows
 
     async def open_and_close() -> None:  # open() migrates too: nothing left to apply
         async with opened(dsn, "replica-a"):
             pass
 
     asyncio.run(open_and_close())
-    assert sql(dsn, "SELECT * FROM replicron_migrations") == [(1, "initial", applied_at)]
+    assert sql(dsn, "SELECT * FROM replicron_migrations ORDER BY 1") == rows
     assert advisory_locks(dsn) == []  # the migration lock was released
 
 
@@ -149,8 +155,8 @@ def test_concurrent_migrations_apply_each_migration_once(dsn: str) -> None:
     async def main() -> list[list[str]]:
         return list(await asyncio.gather(*(migrate(dsn) for _ in range(4))))
 
-    assert sorted(asyncio.run(main())) == [[], [], [], ["0001_initial"]]
-    assert sql(dsn, "SELECT version, name FROM replicron_migrations") == [(1, "initial")]
+    assert sorted(asyncio.run(main())) == [[], [], [], ALL_MIGRATIONS]
+    assert sql(dsn, "SELECT version, name FROM replicron_migrations ORDER BY 1") == RECORDED
     assert advisory_locks(dsn) == []
 
 
@@ -166,7 +172,7 @@ def test_replicas_opening_together_on_an_empty_database(dsn: str) -> None:
                 await backend.close()
 
     assert asyncio.run(main()) == [CLAIMED, TAKEN, TAKEN]
-    assert sql(dsn, "SELECT version, name FROM replicron_migrations") == [(1, "initial")]
+    assert sql(dsn, "SELECT version, name FROM replicron_migrations ORDER BY 1") == RECORDED
 
 
 # ---- lock keys --------------------------------------------------------------------------
@@ -394,6 +400,13 @@ def test_janitor_abandons_open_ticks_whose_heartbeat_is_stale(dsn: str) -> None:
                 " WHERE run_id = ANY(%s)",
                 [[running.run_id, done.run_id]],
             )
+            # cleanup's lock is still held by the session that claimed it: a frozen replica,
+            # whose run may go on, is not a dead one.
+            assert run_janitor_query() == []
+            [(terminated,)] = sql(
+                dsn, "SELECT pg_terminate_backend(%s, 10000)", [session_pid(dsn, "replica-a")]
+            )
+            assert terminated is True
             assert run_janitor_query() == [("cleanup", tick(1), "replica-a")]
             assert run_janitor_query() == []  # recorded once
 
@@ -480,9 +493,9 @@ def test_a_run_that_lost_its_session_keeps_the_job_closed_until_it_ends(
             assert blocked.status is LOCKED
             await release(b, record(blocked, "replica-b", Outcome.SKIPPED_OVERLAP), unlock=False)
 
-            # a finds out at its next statement; its run's lock is reported lost.
-            with pytest.raises(BackendUnavailableError):
-                await a.last_ticks(["cleanup"])
+            # a finds out at its next statement, which it retries on a new session; its
+            # run's lock is reported lost.
+            assert await a.last_ticks(["cleanup"]) == {"cleanup": tick(2)}
             assert lost == [run.run_id]
 
             if ending == "recorded":  # a reconnects and records the run abandoned

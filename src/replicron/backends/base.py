@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from replicron.events import Outcome
@@ -34,6 +34,9 @@ class ClaimStatus(enum.Enum):
     #: The tick is ours but the job's lock is held by a run elsewhere: we record
     #: ``skipped_overlap``.
     LOCKED = "locked"
+    #: The tick is not yet due by the coordinator's clock (this replica's clock runs ahead of
+    #: it): nothing was recorded; ask again when it is due.
+    EARLY = "early"
 
 
 # Named tuples, not dataclasses: the engine makes several of these per run, and a frozen
@@ -130,3 +133,8 @@ class Backend(Protocol):
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         """The latest tick of each job recorded by anybody (jobs never recorded are left
         out)."""
+
+    def clock_offset(self) -> timedelta | None:
+        """How far the coordinator's clock is ahead of this process's (``None``: the
+        coordinator has no clock of its own, or it is not measured yet). Schedulers on the
+        system clock fire ticks on the coordinator's time."""

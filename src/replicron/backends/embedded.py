@@ -292,6 +292,9 @@ class EmbeddedBackend:
                 )
         return answers
 
+    def clock_offset(self) -> timedelta | None:
+        return None  # the processes share this host's clock
+
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         if not jobs:
             return {}

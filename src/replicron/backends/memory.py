@@ -13,7 +13,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .base import (
     Claim,
@@ -174,6 +174,9 @@ class MemoryBackend:
                     job.history.append(pack_record(record))
                 done.append(taken)
         return done
+
+    def clock_offset(self) -> timedelta | None:
+        return None  # the processes share this host's clock
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         with self.state.lock:

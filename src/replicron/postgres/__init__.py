@@ -6,7 +6,7 @@ from ._locked_async import alocked_run
 from ._locked_result import LockedRun
 from ._locked_sync import locked_run
 from ._session import BackendUnavailableError, TransactionPoolerError
-from .backend import JobStatus, LockKeyCollisionError, PostgresBackend
+from .backend import JobStatus, LockKeyCollisionError, PostgresBackend, ReplicaStatus
 from .migrate import migrate
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "LockKeyCollisionError",
     "LockedRun",
     "PostgresBackend",
+    "ReplicaStatus",
     "TransactionPoolerError",
     "alocked_run",
     "locked_run",

@@ -2,9 +2,13 @@
 
 Every advisory lock of the replica lives on this connection, and every statement of the
 backend goes through it, one at a time. It is opened directly (never from a transaction
-pooler, whose statements may land on different server sessions), in autocommit mode, with TCP
-keepalives on both ends so that a dead peer is noticed in seconds. A session whose state is
-unknown after an error is closed and never reused: its locks are gone with it.
+pooler, whose statements may land on different server sessions: refused at connect by a probe
+and afterwards by the server session each locking statement reports), in autocommit mode,
+without prepared statements, with TCP keepalives and a bound on unacknowledged data on both
+ends, so that a cut-off replica's session (and its locks) is dropped by the server within a
+bound. Every statement has a client-side deadline: a hung server, proxy or network can hold a
+statement only that long. A session whose state is unknown after an error or a missed deadline
+is closed and never reused: its locks are gone with it.
 """
 
 from __future__ import annotations
@@ -12,33 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import psycopg
 
 from replicron.errors import ReplicronError
 
-__all__ = ["BackendUnavailableError", "LockSession", "TransactionPoolerError"]
+__all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
 
 logger = logging.getLogger("replicron")
-
-#: libpq connection settings: keepalives, and a bound on unacknowledged sends (ms).
-KEEPALIVE_PARAMS: Mapping[str, Any] = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
-}
-#: The same on the server's side of the socket, so the server drops a dead replica's session
-#: (and so its locks) in about 25 s instead of the OS default of hours.
-SERVER_SETTINGS = (
-    "SET tcp_keepalives_idle = 10",
-    "SET tcp_keepalives_interval = 5",
-    "SET tcp_keepalives_count = 3",
-    "SET statement_timeout = '30s'",
-)
 
 
 class BackendUnavailableError(ReplicronError, ConnectionError):
@@ -49,6 +39,54 @@ class TransactionPoolerError(ReplicronError, RuntimeError):
     """The lock session is behind a transaction pooler: advisory locks would not hold."""
 
 
+class RoundTrip(NamedTuple):
+    """When the last statement was sent and its answer received: wall clock (Unix seconds)
+    and monotonic clock (``time.monotonic``, which the event loop's timers use too)."""
+
+    sent_wall: float
+    received_wall: float
+    sent_mono: float
+    received_mono: float
+
+
+def keepalive_params(drop_after: float) -> dict[str, Any]:
+    """libpq settings so that this side gives up on a silent peer within ``drop_after``
+    seconds: keepalives while idle, ``tcp_user_timeout`` while data is unacknowledged."""
+    idle, interval, count = _keepalive_timing(drop_after)
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": interval,
+        "keepalives_count": count,
+        "tcp_user_timeout": int(drop_after * 1000),
+    }
+
+
+def server_settings(drop_after: float, statement_deadline: float) -> list[str]:
+    """The same bounds on the server's side of the socket: the server drops a cut-off
+    replica's session, and so its locks, within ``drop_after`` seconds, whether the socket is
+    idle (keepalives) or holds an unacknowledged reply (``tcp_user_timeout``, which keepalives
+    alone do not bound: retransmissions would go on for about 15 minutes)."""
+    idle, interval, count = _keepalive_timing(drop_after)
+    return [
+        f"SET tcp_keepalives_idle = {idle}",
+        f"SET tcp_keepalives_interval = {interval}",
+        f"SET tcp_keepalives_count = {count}",
+        f"SET tcp_user_timeout = {int(drop_after * 1000)}",
+        f"SET statement_timeout = {max(1, int(statement_deadline * 1000))}",
+        "SET idle_in_transaction_session_timeout = 0",
+    ]
+
+
+def _keepalive_timing(drop_after: float) -> tuple[int, int, int]:
+    """(idle, interval, count) in whole seconds with idle + interval * count <= drop_after
+    (at least 1 s each: the socket options take seconds)."""
+    count = 3
+    interval = max(1, math.floor(drop_after / 6))
+    idle = max(1, math.floor(drop_after - interval * count))
+    return idle, interval, count
+
+
 class LockSession:
     def __init__(
         self,
@@ -56,96 +94,221 @@ class LockSession:
         *,
         application_name: str,
         connect_timeout: float,
+        statement_deadline: float,
+        drop_after: float,
         on_lost: Callable[[], None],
     ) -> None:
         self.conninfo = conninfo
         self.application_name = application_name
         self.connect_timeout = connect_timeout
+        self.statement_deadline = statement_deadline
+        self.drop_after = drop_after
         self._on_lost = on_lost
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._serial = asyncio.Lock()
+        self._invalid = False
+        self._orphans: set[asyncio.Task[Any]] = set()  # statements given up on
         self.backend_pid: int | None = None
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
+        self.last_round_trip: RoundTrip | None = None
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed
+        return self._conn is not None and not self._conn.closed and not self._invalid
 
     async def connect(self) -> None:
         async with self._serial:
             await self._connect_locked()
 
     async def _connect_locked(self) -> None:
+        if self._invalid:
+            await self._drop()
         if self.connected:
             return
+        conn = await self._open_connection("cannot connect to PostgreSQL")
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.conninfo,
-                autocommit=True,
-                application_name=self.application_name,
-                connect_timeout=max(1, int(self.connect_timeout)),
-                **KEEPALIVE_PARAMS,
-            )
-        except psycopg.Error as exc:
-            raise BackendUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
-        try:
-            for statement in SERVER_SETTINGS:
-                await conn.execute(statement)
-            pids = []
-            for _ in range(3):
-                cursor = await conn.execute("SELECT pg_backend_pid()")
-                row = await cursor.fetchone()
-                assert row is not None
-                pids.append(row[0])
-        except psycopg.Error as exc:
-            await conn.close()
-            raise BackendUnavailableError(f"cannot set up the lock session: {exc}") from exc
-        if len(set(pids)) != 1:
-            await conn.close()
-            raise TransactionPoolerError(
-                f"the server process changed between statements ({pids}): the connection goes "
-                "through a transaction pooler, where session advisory locks do not hold. "
-                "Connect replicron directly to PostgreSQL (or through a session pooler)."
-            )
-        self._conn, self.backend_pid = conn, pids[0]
+            token = uuid.uuid4().hex
+            pid = await self._first_pid(conn, token)
+            await self._refuse_a_pooler(conn, pid, token)
+        except BaseException:
+            await _close_quietly(conn)
+            raise
+        self._conn, self.backend_pid, self._invalid = conn, pid, False
         self.generation += 1
 
-    async def fetch(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    async def _open_connection(self, what: str) -> psycopg.AsyncConnection[Any]:
+        try:
+            conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(
+                    self.conninfo,
+                    autocommit=True,
+                    prepare_threshold=None,  # a pooler would mix prepared statements up
+                    application_name=self.application_name,
+                    connect_timeout=max(1, int(self.connect_timeout)),
+                    **keepalive_params(self.drop_after),
+                ),
+                self.connect_timeout,
+            )
+        except (psycopg.Error, TimeoutError, OSError) as exc:
+            raise BackendUnavailableError(f"{what}: {exc or type(exc).__name__}") from exc
+        return conn
+
+    async def _first_pid(self, conn: psycopg.AsyncConnection[Any], token: str) -> int:
+        try:
+            for statement in server_settings(self.drop_after, self.statement_deadline):
+                await self._timed(conn.execute(statement))
+            cursor = await self._timed(
+                conn.execute(
+                    "SELECT pg_backend_pid(), set_config('replicron.session_token', %s, false)",
+                    [token],
+                )
+            )
+            row = await cursor.fetchone()
+        except (psycopg.Error, TimeoutError) as exc:
+            raise BackendUnavailableError(f"cannot set up the lock session: {exc}") from exc
+        assert row is not None
+        return int(row[0])
+
+    async def _refuse_a_pooler(
+        self, conn: psycopg.AsyncConnection[Any], pid: int, token: str
+    ) -> None:
+        """A second, short-lived connection asks for its server session while the lock
+        session is idle: connected directly, two client connections never share one (a
+        transaction pooler hands the idle server session to whoever asks next). Then the lock
+        session must still be on its server session, with the setting it made there."""
+        probe = await self._open_connection("cannot open the pooler probe")
+        try:
+            cursor = await self._timed(probe.execute("SELECT pg_backend_pid()"))
+            probe_row = await cursor.fetchone()
+            cursor = await self._timed(
+                conn.execute(
+                    "SELECT pg_backend_pid(), current_setting('replicron.session_token', true)"
+                )
+            )
+            again = await cursor.fetchone()
+        except (psycopg.Error, TimeoutError) as exc:
+            raise BackendUnavailableError(f"cannot probe the lock session: {exc}") from exc
+        finally:
+            await _close_quietly(probe)
+        assert probe_row is not None
+        assert again is not None
+        if probe_row[0] == pid or again[0] != pid or again[1] != token:
+            raise TransactionPoolerError(
+                f"two client connections share server session {pid} (or the lock session "
+                "moved between statements): the connection goes through a transaction "
+                "pooler, where session advisory locks do not hold. Connect replicron directly "
+                "to PostgreSQL, or through a pooler in session mode."
+            )
+
+    async def _timed(self, awaitable: Any) -> Any:
+        return await asyncio.wait_for(awaitable, self.statement_deadline)
+
+    async def fetch(
+        self, query: str, params: Mapping[str, Any], *, retry: bool = False
+    ) -> list[tuple[Any, ...]]:
         """Run one statement on the session and return its rows.
 
-        Connects first if needed. On a connection error the session is closed for good (its
-        locks died with it), ``on_lost`` is called, and :class:`BackendUnavailableError`
-        is raised.
+        Connects first if needed. When the connection fails or the statement misses its
+        deadline, the session is closed for good (its locks died with it) and ``on_lost`` is
+        called; with ``retry`` (idempotent statements only) it is run once more on a fresh
+        session, else :class:`BackendUnavailableError` is raised.
         """
+        try:
+            return await self._fetch_once(query, params)
+        except BackendUnavailableError:
+            if not retry:
+                raise
+            logger.warning("lost the lock session; retrying once on a new one")
+            return await self._fetch_once(query, params)
+
+    async def _fetch_once(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         async with self._serial:
             await self._connect_locked()
             conn = self._conn
             assert conn is not None
+            # Locking statements check that they run on this server session (a pooler would
+            # move them): the session they are for is the one they are sent on.
+            params = {**params, "pid": self.backend_pid}
+            sent_wall, sent_mono = time.time(), time.monotonic()
+            statement = asyncio.ensure_future(_rows(conn, query, params))
             try:
-                cursor = await conn.execute(query.encode(), params)
-                return await cursor.fetchall() if cursor.description else []
+                done, _ = await asyncio.wait({statement}, timeout=self.statement_deadline)
+            except asyncio.CancelledError:
+                await self._give_up(statement)
+                raise
+            if not done:
+                await self._give_up(statement)
+                raise BackendUnavailableError(
+                    f"the lock session gave no answer within {self.statement_deadline:g} s"
+                )
+            try:
+                rows = statement.result()
             except psycopg.OperationalError as exc:
                 await self._drop()
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
+            self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
+            return rows
 
-    async def fetch_many(
-        self, statements: Sequence[tuple[str, Mapping[str, Any]]]
-    ) -> list[list[tuple[Any, ...]]]:
-        return [await self.fetch(query, params) for query, params in statements]
+    async def _give_up(self, statement: asyncio.Task[Any]) -> None:
+        """Abandon a statement whose answer did not come: its session's state is unknown.
+        psycopg answers a first cancellation by asking the server to cancel the query (which
+        may hang as well) and a second one by closing the connection."""
+        statement.cancel()
+        await asyncio.sleep(0)
+        statement.cancel()
+        await asyncio.wait({statement}, timeout=1.0)
+        if not statement.done():
+            self._orphans.add(statement)
+            statement.add_done_callback(self._orphans.discard)
+        statement.add_done_callback(_consume)
+        await self._drop()
+
+    def invalidate(self) -> None:
+        """Give the session up as soon as no statement is using it (the lease ran out): a
+        session whose runs were told to stop must not keep their locks."""
+        self._invalid = True
+        if not self._serial.locked():
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                closing = asyncio.ensure_future(_close_quietly(conn))
+                self._orphans.add(closing)
+                closing.add_done_callback(self._orphans.discard)
+                self._on_lost()
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._invalid = False
         if conn is not None:
-            try:
-                await conn.close()
-            except Exception:  # the connection is broken anyway
-                logger.debug("closing a broken lock session failed", exc_info=True)
-        self._on_lost()
+            await _close_quietly(conn)
+            self._on_lost()
 
     async def close(self) -> None:
         async with self._serial:
             conn, self._conn = self._conn, None
             if conn is not None and not conn.closed:
-                with contextlib.suppress(psycopg.Error):  # closing releases them too
-                    await conn.execute("SELECT pg_advisory_unlock_all()")
-                await conn.close()
+                with contextlib.suppress(psycopg.Error, TimeoutError):  # closing frees them too
+                    await self._timed(conn.execute("SELECT pg_advisory_unlock_all()"))
+                await _close_quietly(conn)
+        for orphan in list(self._orphans):
+            orphan.cancel()
+        if self._orphans:
+            await asyncio.wait(set(self._orphans), timeout=1.0)
+
+
+async def _rows(
+    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+) -> list[tuple[Any, ...]]:
+    cursor = await conn.execute(query.encode(), params)
+    return await cursor.fetchall() if cursor.description else []
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+    try:
+        await conn.close()
+    except Exception:  # the connection is broken anyway
+        logger.debug("closing a broken connection failed", exc_info=True)
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

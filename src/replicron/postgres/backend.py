@@ -1,12 +1,15 @@
 """The PostgreSQL backend: every tick exactly once across replicas, no overlap, no leaked lock.
 
 * A tick is claimed by inserting its unique ``(namespace, job, scheduled_at)`` row with
-  ``ON CONFLICT DO NOTHING``: exactly one replica's insert succeeds, whatever the clocks say.
+  ``ON CONFLICT DO NOTHING``: exactly one replica's insert succeeds, whatever the clocks say,
+  and never before the tick is due by the database's clock.
 * No overlap: the job's session advisory lock is held for the run, and a run may start only if
   no other open run of the job is still heartbeating (a run whose replica lost its lock may
-  still be going; the lock alone cannot see it).
+  still be going; the lock alone cannot see it). The replica stops its own runs when its lease
+  runs out, before their rows go stale for the others (``_lease``).
 * All of it on one lock session per replica; claims of one instant go in one round trip,
-  the outcome and the unlock in one more.
+  the outcome and the unlock in one more. A statement that failed with its session is retried
+  once on a new one; outcomes that could not be written are kept and written later.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,31 +27,33 @@ from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, R
 from replicron.errors import ConfigurationError
 from replicron.keys import job_lock_key
 
-from ._session import BackendUnavailableError, LockSession
+from ._lease import Lease
+from ._offset import OffsetEstimator
+from ._session import BackendUnavailableError, LockSession, TransactionPoolerError
 from ._sql import queries
+from ._status import JobStatus, ReplicaStatus, job_status, replica_status
 from .migrate import migrate_session
 
-__all__ = ["JobStatus", "LockKeyCollisionError", "PostgresBackend"]
+__all__ = ["JobStatus", "LockKeyCollisionError", "PostgresBackend", "ReplicaStatus"]
 
 logger = logging.getLogger("replicron")
+
+#: How far ahead of the database's clock a tick may be claimed: room for the error of the
+#: measured offset, far less than any tick spacing.
+CLAIM_AHEAD = timedelta(milliseconds=250)
+#: A replica whose clock is off the database's by more than this is warned about.
+OFFSET_WARNING = 1.0
+_STATUS = {
+    "claimed": ClaimStatus.CLAIMED,
+    "locked_claimed": ClaimStatus.CLAIMED,
+    "taken": ClaimStatus.TAKEN,
+    "locked": ClaimStatus.LOCKED,
+    "early": ClaimStatus.EARLY,
+}
 
 
 class LockKeyCollisionError(ConfigurationError):
     """Two job names hash to the same advisory-lock key; rename one of them."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobStatus:
-    job: str
-    last_replica: str | None
-    last_scheduled_at: datetime | None
-    last_started_at: datetime | None
-    last_finished_at: datetime | None
-    last_outcome: str | None
-    last_error: str | None
-    last_success_at: datetime | None
-    running: tuple[tuple[str, int], ...]  # (replica id, run id) of runs going on now
-    missed: int
 
 
 class PostgresBackend:
@@ -57,8 +62,12 @@ class PostgresBackend:
     ``namespace`` separates independent deployments sharing a database (lock keys are
     ``job_lock_key(namespace + name)``: end it with a separator such as ``"billing/"``).
     Open ticks heartbeat every ``heartbeat_interval`` seconds; a run whose heartbeat is older
-    than ``stale_after`` (default three intervals) counts as dead. Finished rows older than
-    ``retention`` are pruned, keeping each job's latest.
+    than ``stale_after`` (default three intervals) counts as dead for the other replicas, and
+    this replica stops its own runs ``heartbeat_interval`` before that (its lease) unless a
+    heartbeat got through meanwhile. Every statement has a deadline (``statement_timeout``,
+    default half the lease). ``fence_stale_holders`` lets a replica terminate the server
+    session of a frozen replica that holds a job's lock with a stale heartbeat. Finished rows
+    older than ``retention`` are pruned, keeping each job's latest.
     """
 
     def __init__(
@@ -69,6 +78,8 @@ class PostgresBackend:
         migrate: bool = True,
         heartbeat_interval: float = 5.0,
         stale_after: float | None = None,
+        statement_timeout: float | None = None,
+        fence_stale_holders: bool = False,
         retention: timedelta = timedelta(days=14),
         connect_timeout: float = 10.0,
     ) -> None:
@@ -85,6 +96,15 @@ class PostgresBackend:
         self.stale_after = 3 * heartbeat_interval if stale_after is None else stale_after
         if self.stale_after <= heartbeat_interval:
             raise ConfigurationError("stale_after must be longer than heartbeat_interval")
+        #: How long after its last proof of life this replica lets its runs go on.
+        self.lease = self.stale_after - heartbeat_interval
+        self.statement_timeout = self.lease / 2 if statement_timeout is None else statement_timeout
+        if not 0 < self.statement_timeout < self.lease:
+            raise ConfigurationError(
+                f"statement_timeout must be positive and shorter than the lease "
+                f"(stale_after - heartbeat_interval = {self.lease:g} s)"
+            )
+        self.fence_stale_holders = fence_stale_holders
         self.retention = retention
         self.connect_timeout = connect_timeout
         self.replica_id = ""
@@ -93,6 +113,10 @@ class PostgresBackend:
         self._keys: dict[int, str] = {}  # lock key -> registered job name
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
+        self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
+        self._lease: Lease | None = None
+        self._offsets = OffsetEstimator()
+        self._offset_warned = False
         self._housekeeper: asyncio.Task[None] | None = None
         self._q = queries()
 
@@ -113,21 +137,30 @@ class PostgresBackend:
     def lock_key(self, job: str) -> int:
         return job_lock_key(self.namespace + job)
 
+    def clock_offset(self) -> timedelta | None:
+        """How far the database's clock is ahead of this replica's (best recent sample)."""
+        return self._offsets.current  # from any thread: one reference, set by the loop
+
     async def open(
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
     ) -> None:
         self.replica_id = replica_id
         if on_lock_lost is not None:
             self._on_lock_lost = on_lock_lost
+        self._lease = Lease(self.lease, self._lease_expired)
         self._session = LockSession(
             self.conninfo,
             application_name=f"replicron {replica_id}"[:63],
             connect_timeout=self.connect_timeout,
+            statement_deadline=self.statement_timeout,
+            drop_after=self.stale_after,
             on_lost=self._session_lost,
         )
         await self._session.connect()
         if self.migrate:
             await migrate_session(self._session)
+        for _ in range(3):  # the offset is needed before the first tick is planned
+            await self._sample_clock()
         self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
 
     async def close(self) -> None:
@@ -136,8 +169,24 @@ class PostgresBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeper
             self._housekeeper = None
+        if self._unwritten and self._session is not None:
+            with contextlib.suppress(Exception):
+                await self._write_outcomes([])
+            for release in self._unwritten:
+                record = release.record
+                logger.error(
+                    "job %r tick %s: could not record %s (run %s): the database is "
+                    "unreachable; the row goes stale and a janitor records it abandoned",
+                    record.job, record.scheduled_at.isoformat(), record.outcome.value,
+                    record.run_id,
+                    extra={"event": "lock_error", "job": record.job,
+                           "tick": record.scheduled_at.isoformat(), "replica": self.replica_id},
+                )  # fmt: skip
+            self._unwritten.clear()
         if self._session is not None:
             await self._session.close()
+        if self._lease is not None:
+            self._lease.clear()
         self._held.clear()
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
@@ -148,29 +197,43 @@ class PostgresBackend:
         batch = list(unique.values())
         rows = await self._fetch(
             "claim",
+            retry=True,  # the token makes a retry recognise the rows its first try inserted
             jobs=[r.job for r in batch],
             ticks=[r.scheduled_at for r in batch],
             keys=[self.lock_key(r.job) for r in batch],
             locks=[r.lock for r in batch],
             replica=self.replica_id,
+            token=uuid.uuid4(),
+            ahead=CLAIM_AHEAD,
             stale_after=timedelta(seconds=self.stale_after),
         )
-        won = {(job, tick.astimezone(UTC)): (run_id, locked) for run_id, job, tick, locked in rows}
+        sent = self._sent_at()
+        won: dict[tuple[str, datetime], tuple[Any, ...]] = {}
+        for job, tick, run_id, status, blocker, stale, holder in rows:
+            if status == "moved":
+                await self._moved()
+            won[(job, tick.astimezone(UTC))] = (run_id, status, blocker, stale, holder)
         claims = []
         for request in requests:
             tick = request.scheduled_at
-            result = won.pop((request.job, tick.astimezone(UTC)), None)
-            if result is None:
+            answer = won.pop((request.job, tick.astimezone(UTC)), None)
+            if answer is None:  # the repeat of a tick earlier in the batch
                 claims.append(Claim(request.job, tick, ClaimStatus.TAKEN, None, False))
                 continue
-            run_id, locked = result
-            self._open.add(run_id)
-            if locked is False:
+            run_id, status, blocker, stale, holder = answer
+            if run_id is not None:
+                self._open.add(run_id)
+            if status == "locked":
+                if stale and holder is not None:
+                    await self._blocked_by_frozen(request.job, blocker, holder)
                 claims.append(Claim(request.job, tick, ClaimStatus.LOCKED, None, False))
                 continue
-            if locked:
+            if status == "locked_claimed":
                 self._held[self.lock_key(request.job)] = run_id
-            claims.append(Claim(request.job, tick, ClaimStatus.CLAIMED, run_id, bool(locked)))
+                assert self._lease is not None
+                self._lease.start(run_id, sent)
+            locked = status == "locked_claimed"
+            claims.append(Claim(request.job, tick, _STATUS[status], run_id, locked))
         return claims
 
     async def lock(self, claim: Claim) -> bool:
@@ -184,46 +247,74 @@ class PostgresBackend:
             run_id=claim.run_id,
             stale_after=timedelta(seconds=self.stale_after),
         )
+        if locked is None:
+            await self._moved()
         if locked:
             assert claim.run_id is not None
+            assert self._lease is not None
             self._held[key] = claim.run_id
+            self._lease.start(claim.run_id, self._sent_at())
         return bool(locked)
 
     async def release(self, releases: Sequence[Release]) -> None:
+        """Record the outcomes (and drop the locks); an outcome that cannot be written now is
+        kept and written with the next release or heartbeat, on a new session if need be."""
+        ended = [r.record.run_id for r in releases if r.record.run_id is not None]
+        # A finished run stops counting as running here at once: never heartbeated again.
+        self._open.difference_update(ended)
+        assert self._lease is not None
+        self._lease.end(ended)
+        try:
+            await self._write_outcomes(releases)
+        except BackendUnavailableError as exc:
+            logger.warning(
+                "%d outcomes wait to be written (%s); retrying on a new session",
+                len(self._unwritten), exc, extra={"event": "lock_error",
+                                                  "replica": self.replica_id},
+            )  # fmt: skip
+
+    async def _write_outcomes(self, releases: Sequence[Release]) -> None:
         unlock_keys, unlocking = [], []
+        batch = self._unwritten + list(releases)
+        self._unwritten = []
         for record, unlock in releases:
             key = self.lock_key(record.job)
             # Unlock only a lock this session still holds for this run: after a lost session
             # the lock is gone, and another replica may hold the key now.
-            if unlock and key in self._held and self._held[key] == record.run_id:
+            if unlock and self._held.get(key, -1) == record.run_id:
                 del self._held[key]
                 unlock_keys.append(key)
                 unlocking.append(record.job)
-        records = [record for record, _ in releases]
-        [(recorded, unlocked)] = await self._fetch(
-            "release",
-            jobs=[r.job for r in records],
-            ticks=[r.scheduled_at for r in records],
-            outcomes=[r.outcome.value for r in records],
-            started=[r.started_at for r in records],
-            finished=[r.finished_at for r in records],
-            errors=[r.error for r in records],
-            unlock_keys=unlock_keys,
-        )
-        for record in records:
-            if record.run_id is not None:
-                self._open.discard(record.run_id)
-        for job, key, released in zip(unlocking, unlock_keys, unlocked, strict=True):
-            if not released:
+        records = [release.record for release in batch]
+        assert self._session is not None
+        generation = self._session.generation
+        try:
+            [(written, found, unlocked)] = await self._fetch(
+                "release",
+                retry=True,  # written by run id, never over another outcome: idempotent
+                run_ids=[r.run_id for r in records],
+                jobs=[r.job for r in records],
+                ticks=[r.scheduled_at for r in records],
+                outcomes=[r.outcome.value for r in records],
+                started=[r.started_at for r in records],
+                finished=[r.finished_at for r in records],
+                errors=[r.error for r in records],
+                replica=self.replica_id,
+                unlock_keys=unlock_keys,
+            )
+        except BackendUnavailableError:
+            self._unwritten = [Release(record, False) for record in records] + self._unwritten
+            raise
+        if self._session.generation != generation:
+            unlocked = []  # retried on a new session: the locks had died with the old one
+        for job, key, released in zip(unlocking, unlock_keys, unlocked, strict=False):
+            if released is False:
                 logger.error(
                     "job %r: advisory lock %s was not held at unlock", job, key,
                     extra={"event": "lock_error", "job": job, "replica": self.replica_id},
                 )  # fmt: skip
-        if recorded != len(records):
-            logger.error(
-                "%d of %d outcomes found no ledger row", len(records) - recorded, len(records),
-                extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+        for record, ok, before in zip(records, written, found, strict=True):
+            _log_write(record, ok, before, self.replica_id)
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
         first: dict[tuple[str, datetime], RunRecord] = {}
@@ -232,11 +323,13 @@ class PostgresBackend:
         unique = list(first.values())
         rows = await self._fetch(
             "record_unclaimed",
+            retry=True,  # the token recognises what a first try recorded
             jobs=[r.job for r in unique],
             ticks=[r.scheduled_at for r in unique],
             outcomes=[r.outcome.value for r in unique],
             errors=[r.error for r in unique],
             replica=self.replica_id,
+            token=uuid.uuid4(),
         )
         recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
         answers = []
@@ -247,24 +340,30 @@ class PostgresBackend:
         return answers
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
-        rows = await self._fetch("last_ticks", jobs=list(jobs))
+        rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))
         return {job: tick.astimezone(UTC) for job, tick in rows}
 
     # ---- status and housekeeping ---------------------------------------------------------
 
     async def status(self) -> list[JobStatus]:
-        rows = await self._fetch("status")
-        return [_job_status(row) for row in rows]
+        rows = await self._fetch("status", stale_after=timedelta(seconds=self.stale_after))
+        return [job_status(row) for row in rows]
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
+        return [replica_status(row) for row in rows]
 
     async def _housekeep(self) -> None:
-        """Heartbeat open ticks and check our locks; now and then, abandon the open ticks of
-        dead replicas and prune old rows."""
+        """Heartbeat (open ticks, our locks, the clock offset, unwritten outcomes); now and
+        then, abandon the open ticks of dead replicas and prune old rows."""
         beats = 0
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             beats += 1
             try:
                 await self._heartbeat()
+                if self._unwritten:
+                    await self._write_outcomes([])
                 if beats % 12 == 1:
                     await self._janitor()
             except BackendUnavailableError as exc:
@@ -273,18 +372,53 @@ class PostgresBackend:
                 logger.exception("housekeeping failed", extra={"event": "lock_error"})
 
     async def _heartbeat(self) -> None:
-        if not self._open and not self._held:
-            return
-        [(_, held)] = await self._fetch("heartbeat", run_ids=sorted(self._open))
+        offset = self._offsets.current
+        open_runs = sorted(self._open)
+        [(pid, db_now, refreshed, held)] = await self._fetch(
+            "heartbeat",
+            run_ids=open_runs,
+            replica=self.replica_id,
+            offset_ms=None if offset is None else offset.total_seconds() * 1000,
+        )
+        if self._session is None or pid != self._session.backend_pid:
+            await self._moved()
+        self._clock_sample(db_now)
+        assert self._lease is not None
+        self._lease.renew(refreshed, self._sent_at())
+        # An open run the heartbeat did not refresh was recorded by someone else meanwhile
+        # (a janitor that took it for dead): it must stop.
+        gone = set(open_runs) - set(refreshed) & self._open
         present = {(k - (1 << 64)) if k >= 1 << 63 else k for k in held}
-        missing = [key for key in self._held if key not in present]
-        if missing:
-            # The session is alive but our locks are gone (someone unlocked them): the runs
-            # holding them are no longer protected.
-            self._lose([self._held.pop(key) for key in missing])
+        lost = [run for key, run in self._held.items() if key not in present or run in gone]
+        if lost:
+            for key in [key for key, run in self._held.items() if run in lost]:
+                del self._held[key]
+            self._lose(lost)
+
+    async def _sample_clock(self) -> None:
+        [(_, db_now)] = await self._fetch("clock_sample")
+        self._clock_sample(db_now)
+
+    def _clock_sample(self, db_now: datetime) -> None:
+        assert self._session is not None
+        assert self._session.last_round_trip is not None
+        sample = self._offsets.add(db_now, *self._session.last_round_trip)
+        best = self._offsets.best(sample.taken_at)
+        if best is None:
+            return
+        off = abs(best.offset) > OFFSET_WARNING
+        if off and not self._offset_warned:
+            logger.warning(
+                "this replica's clock is %+.3f s off the database's; replicron schedules on "
+                "the database's clock, but fix the host's time synchronisation", -best.offset,
+                extra={"event": "clock_offset", "replica": self.replica_id},
+            )  # fmt: skip
+        self._offset_warned = off
 
     async def _janitor(self) -> None:
-        stale = await self._fetch("abandon_stale", stale_after=timedelta(seconds=self.stale_after))
+        stale = await self._fetch(
+            "abandon_stale", retry=True, stale_after=timedelta(seconds=self.stale_after)
+        )
         for job, tick, replica in stale:
             logger.warning(
                 "job %r tick %s: replica %s stopped heartbeating; recorded abandoned",
@@ -294,33 +428,90 @@ class PostgresBackend:
             )  # fmt: skip
         await self._fetch("prune", retention=self.retention, batch=1000)
 
+    async def _blocked_by_frozen(self, job: str, replica: str | None, pid: int) -> None:
+        """The job's lock is held by a session whose run stopped heartbeating: its replica is
+        frozen (or cut off in a way its server session does not notice)."""
+        fence = " (fencing it)" if self.fence_stale_holders else ""
+        logger.warning(
+            "job %r is blocked by replica %s: its heartbeat is stale but its server session "
+            "%s still holds the job's lock%s", job, replica, pid, fence,
+            extra={"event": "blocked", "job": job, "replica": self.replica_id},
+        )  # fmt: skip
+        if self.fence_stale_holders:
+            with contextlib.suppress(BackendUnavailableError):
+                await self._fetch(
+                    "fence_stale_holder", job=job,
+                    stale_after=timedelta(seconds=self.stale_after),
+                )  # fmt: skip
+
+    # ---- losing the session or the lease -------------------------------------------------
+
     def _session_lost(self) -> None:
         lost = list(self._held.values())
         self._held.clear()
+        if self._lease is not None:
+            self._lease.clear()
         if lost:
             self._lose(lost)
+
+    def _lease_expired(self, run_ids: list[int]) -> None:
+        logger.error(
+            "no heartbeat got through for %.1f s: stopping runs %s before other replicas may "
+            "take their jobs over", self.lease, run_ids,
+            extra={"event": "lock_lost", "replica": self.replica_id},
+        )  # fmt: skip
+        if self._session is not None:
+            self._session.invalidate()  # their locks must not outlive them
+        expired = set(run_ids)
+        for key in [key for key, run in self._held.items() if run in expired]:
+            del self._held[key]
+        self._on_lock_lost(run_ids)
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
             "lost the advisory locks of runs %s", run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )  # fmt: skip
+        if self._lease is not None:
+            self._lease.end(run_ids)
         self._on_lock_lost(run_ids)
 
-    async def _fetch(self, name: str, **params: Any) -> list[tuple[Any, ...]]:
+    async def _moved(self) -> None:
+        """A statement ran on another server session than the lock session's: a transaction
+        pooler is in between. Nothing was locked there; the session is given up."""
+        if self._session is not None:
+            self._session.invalidate()
+        raise TransactionPoolerError(
+            "a statement of the lock session ran on another server session: the connection "
+            "goes through a transaction pooler, where session advisory locks do not hold"
+        )
+
+    def _sent_at(self) -> float:
+        assert self._session is not None
+        assert self._session.last_round_trip is not None
+        return self._session.last_round_trip.sent_mono
+
+    async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
         if self._session is None:
             raise BackendUnavailableError("the backend is not open")
         params.setdefault("namespace", self.namespace)
-        return await self._session.fetch(self._q[name], params)
+        return await self._session.fetch(self._q[name], params, retry=retry)
 
 
-def _job_status(row: tuple[Any, ...]) -> JobStatus:
-    (job, replica, scheduled, started, finished, outcome, error, success, running, missed) = row
-    pairs = []
-    for item in running:
-        who, _, run_id = item.rpartition(" ")
-        pairs.append((who, int(run_id)))
-    return JobStatus(
-        job, replica, scheduled, started, finished, outcome, error, success, tuple(pairs),
-        int(missed),
-    )  # fmt: skip
+def _log_write(record: RunRecord, written: bool, before: str | None, replica: str) -> None:
+    """Say what an outcome write did when it was not simply the first outcome of its row."""
+    extra = {"event": "lock_error", "job": record.job, "tick": record.scheduled_at.isoformat(),
+             "replica": replica}  # fmt: skip
+    outcome = record.outcome.value
+    if written and before == "abandoned" and outcome != "abandoned":
+        logger.warning(
+            "job %r tick %s: replaced %r (written by a janitor while the run went on) with %r",
+            record.job, record.scheduled_at.isoformat(), before, outcome, extra=extra,
+        )  # fmt: skip
+    elif not written:
+        logger.error(
+            "job %r tick %s: outcome %r not written: %s", record.job,
+            record.scheduled_at.isoformat(), outcome,
+            "no row of this replica" if before is None else f"the row already says {before!r}",
+            extra=extra,
+        )  # fmt: skip

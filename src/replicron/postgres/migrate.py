@@ -27,35 +27,43 @@ CREATE TABLE IF NOT EXISTS replicron_migrations (
 )"""
 
 
+#: How long a migration waits for another replica's migration before giving up.
+LOCK_TIMEOUT = "30s"
+
+
 async def migrate(conninfo: str) -> list[str]:
     """Apply the pending migrations; returns the names of those applied now."""
-    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(
+        conninfo, autocommit=True, prepare_threshold=None
+    ) as conn:
         return await _migrate(conn)
 
 
 async def migrate_session(session: LockSession) -> list[str]:
-    conn = await psycopg.AsyncConnection.connect(session.conninfo, autocommit=True)
+    conn = await psycopg.AsyncConnection.connect(
+        session.conninfo, autocommit=True, prepare_threshold=None
+    )
     async with conn:
         return await _migrate(conn)
 
 
 async def _migrate(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+    """Everything in one transaction under a transaction-scoped lock with a lock timeout:
+    behind any pooler it stays on one server session, never hangs, and never leaves a lock."""
     applied_now = []
-    await conn.execute("SELECT pg_advisory_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
-    try:
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        await conn.execute("SELECT pg_advisory_xact_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
         await conn.execute(_CREATE_TABLE)
         cursor = await conn.execute("SELECT version FROM replicron_migrations")
         done = {row[0] for row in await cursor.fetchall()}
         for migration in migrations():
             if migration.version in done:
                 continue
-            async with conn.transaction():
-                await conn.execute(migration.sql.encode())
-                await conn.execute(
-                    "INSERT INTO replicron_migrations (version, name) VALUES (%s, %s)",
-                    [migration.version, migration.name],
-                )
+            await conn.execute(migration.sql.encode())
+            await conn.execute(
+                "INSERT INTO replicron_migrations (version, name) VALUES (%s, %s)",
+                [migration.version, migration.name],
+            )
             applied_now.append(f"{migration.version:04d}_{migration.name}")
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s::bigint)", [MIGRATION_LOCK_KEY])
     return applied_now

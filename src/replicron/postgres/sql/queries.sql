@@ -2,52 +2,95 @@
 -- up to the next such line is the query. Parameters use psycopg's %(name)s style.
 
 -- name: claim
--- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it;
--- then, for the ticks this call inserted that asked for it, take the job's advisory lock, but
--- only for the first such tick of a job in the batch, and only if no other started run of the
--- job is still heartbeating (a run whose replica lost its lock may still be going). CASE fixes
--- the evaluation order, so a lock is never taken and then forgotten. A tick asking for the
--- lock is inserted as started: if it is refused, it counts as running until it is recorded
--- skipped_overlap, which the claimant does at once.
+-- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it
+-- (or recognise the rows an earlier try of this same claim inserted, its reply lost with its
+-- session: same claim token); then, for the ticks won that asked for it, take the job's
+-- advisory lock, but only for the first such tick of a job in the batch, and only if no other
+-- started run of the job is still heartbeating (a run whose replica lost its lock may still be
+-- going). Nothing is inserted or locked on a server session other than the lock session's
+-- (a transaction pooler moved the statement), and no tick is claimed before it is due by the
+-- database's clock (within the claim-ahead margin). CASE fixes the evaluation order, so a lock
+-- is never taken and then forgotten. A tick asking for the lock is inserted as started: if it
+-- is refused, it counts as running until it is recorded skipped_overlap, which the claimant
+-- does at once. For a refused lock, the freshest other open run of the job is returned: its
+-- replica, whether its heartbeat is stale, and the server session holding the lock.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[])
-        AS r(job, scheduled_at, lock_key, want_lock)
+        WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, n)
+), session AS MATERIALIZED (
+    SELECT pg_backend_pid() = %(pid)s AS ours,
+           clock_timestamp() + %(ahead)s::interval AS claimable_until
 ), inserted AS (
     INSERT INTO replicron_runs
-        (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at)
+        (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at, claim_token,
+         lock_key, backend_pid)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(),
-           CASE WHEN want_lock THEN now() END
-    FROM request
+           CASE WHEN want_lock THEN now() END, %(token)s::uuid, lock_key, pg_backend_pid()
+    FROM request, session
+    WHERE session.ours AND request.scheduled_at <= session.claimable_until
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at
+), earlier AS (
+    SELECT run.run_id, run.job, run.scheduled_at
+    FROM replicron_runs run JOIN request USING (job, scheduled_at)
+    WHERE run.namespace = %(namespace)s AND run.claim_token = %(token)s::uuid
+      AND run.outcome IS NULL
 ), won AS MATERIALIZED (
-    SELECT inserted.run_id, inserted.job, inserted.scheduled_at, request.lock_key,
-           request.want_lock,
-           row_number() OVER (PARTITION BY inserted.job, request.want_lock
-                              ORDER BY inserted.scheduled_at) AS nth
-    FROM inserted JOIN request USING (job, scheduled_at)
+    SELECT mine.run_id, mine.job, mine.scheduled_at, request.lock_key, request.want_lock,
+           row_number() OVER (PARTITION BY mine.job, request.want_lock
+                              ORDER BY mine.scheduled_at) AS nth
+    FROM (SELECT * FROM inserted UNION ALL SELECT * FROM earlier) AS mine
+        JOIN request USING (job, scheduled_at)
+), decided AS MATERIALIZED (
+    SELECT request.n, request.job, request.scheduled_at, request.lock_key, won.run_id,
+           CASE
+               WHEN NOT session.ours THEN 'moved'
+               WHEN won.run_id IS NULL AND request.scheduled_at > session.claimable_until
+                   THEN 'early'
+               WHEN won.run_id IS NULL THEN 'taken'
+               WHEN NOT won.want_lock THEN 'claimed'
+               WHEN won.nth > 1 THEN 'locked'
+               WHEN NOT pg_try_advisory_lock(won.lock_key) THEN 'locked'
+               WHEN EXISTS (
+                   SELECT 1 FROM replicron_runs other
+                   WHERE other.namespace = %(namespace)s AND other.job = won.job
+                     AND other.outcome IS NULL AND other.started_at IS NOT NULL
+                     AND other.run_id <> won.run_id
+                     AND other.heartbeat_at > now() - %(stale_after)s::interval
+               ) THEN CASE WHEN pg_advisory_unlock(won.lock_key) THEN 'locked' ELSE 'locked' END
+               ELSE 'locked_claimed'
+           END AS status
+    FROM request CROSS JOIN session LEFT JOIN won USING (job, scheduled_at)
 )
-SELECT run_id, job, scheduled_at,
-       CASE
-           WHEN NOT want_lock THEN NULL
-           WHEN nth > 1 THEN false
-           WHEN NOT pg_try_advisory_lock(lock_key) THEN false
-           WHEN EXISTS (
-               SELECT 1 FROM replicron_runs other
-               WHERE other.namespace = %(namespace)s AND other.job = won.job
-                 AND other.outcome IS NULL AND other.started_at IS NOT NULL
-                 AND other.heartbeat_at > now() - %(stale_after)s::interval
-           ) THEN NOT pg_advisory_unlock(lock_key)
-           ELSE true
-       END AS locked
-FROM won;
+SELECT decided.job, decided.scheduled_at, decided.run_id, decided.status,
+       blocker.replica_id, blocker.stale, holder.pid
+FROM decided
+LEFT JOIN LATERAL (
+    SELECT other.replica_id, other.heartbeat_at <= now() - %(stale_after)s::interval AS stale
+    FROM replicron_runs other
+    WHERE decided.status = 'locked' AND other.namespace = %(namespace)s
+      AND other.job = decided.job AND other.outcome IS NULL AND other.started_at IS NOT NULL
+      AND other.run_id IS DISTINCT FROM decided.run_id
+    ORDER BY other.heartbeat_at DESC NULLS LAST
+    LIMIT 1
+) AS blocker ON true
+LEFT JOIN LATERAL (
+    SELECT l.pid
+    FROM pg_locks l
+    WHERE decided.status = 'locked' AND l.locktype = 'advisory' AND l.granted
+      AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = decided.lock_key
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    LIMIT 1
+) AS holder ON true
+ORDER BY decided.n;
 
 -- name: lock
 -- Take the lock for a tick claimed earlier (a queued run), with the same overlap check, and
--- mark the tick started when it was taken.
+-- mark the tick started when it was taken; nothing on a server session other than ours.
 WITH attempt AS MATERIALIZED (
     SELECT CASE
+               WHEN pg_backend_pid() <> %(pid)s THEN NULL
                WHEN NOT pg_try_advisory_lock(%(key)s::bigint) THEN false
                WHEN EXISTS (
                    SELECT 1 FROM replicron_runs other
@@ -59,7 +102,9 @@ WITH attempt AS MATERIALIZED (
                ELSE true
            END AS locked
 ), marked AS (
-    UPDATE replicron_runs SET started_at = now(), heartbeat_at = now()
+    UPDATE replicron_runs
+    SET started_at = now(), heartbeat_at = now(), lock_key = %(key)s::bigint,
+        backend_pid = pg_backend_pid()
     WHERE run_id = %(run_id)s AND (SELECT locked FROM attempt)
     RETURNING 1
 )
@@ -67,11 +112,24 @@ SELECT locked FROM attempt;
 
 -- name: release
 -- Record how a batch of claimed ticks ended and drop their jobs' locks, in one round trip.
+-- Each outcome is written to the claimant's own row (by run id where there is one) and never
+-- over another outcome, except "abandoned" written by a janitor while the run went on (the
+-- claimant logs that it replaced it), or the same outcome (a retried write). Per record:
+-- whether it was written and the outcome it found.
 WITH ended AS MATERIALIZED (
     SELECT *
-    FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[],
-                %(started)s::timestamptz[], %(finished)s::timestamptz[], %(errors)s::text[])
-        AS e(job, scheduled_at, outcome, started_at, finished_at, error)
+    FROM unnest(%(run_ids)s::bigint[], %(jobs)s::text[], %(ticks)s::timestamptz[],
+                %(outcomes)s::text[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
+                %(errors)s::text[])
+        WITH ORDINALITY AS e(run_id, job, scheduled_at, outcome, started_at, finished_at, error, n)
+), target AS MATERIALIZED (
+    SELECT ended.n, run.run_id, run.outcome AS found
+    FROM ended JOIN replicron_runs run
+        ON run.namespace = %(namespace)s AND run.job = ended.job
+       AND run.scheduled_at = ended.scheduled_at
+    WHERE (ended.run_id IS NULL OR run.run_id = ended.run_id)
+      AND run.replica_id = %(replica)s
+    FOR UPDATE OF run
 ), recorded AS (
     UPDATE replicron_runs run
     SET outcome = ended.outcome,
@@ -79,37 +137,66 @@ WITH ended AS MATERIALIZED (
         finished_at = coalesce(ended.finished_at, now()),
         error = ended.error,
         heartbeat_at = NULL
-    FROM ended
-    WHERE run.namespace = %(namespace)s AND run.job = ended.job
-      AND run.scheduled_at = ended.scheduled_at
-    RETURNING run.job
+    FROM target JOIN ended USING (n)
+    WHERE run.run_id = target.run_id
+      AND (target.found IS NULL OR target.found = 'abandoned' OR target.found = ended.outcome)
+    RETURNING target.n
 )
-SELECT (SELECT count(*) FROM recorded) AS recorded,
-       ARRAY(SELECT pg_advisory_unlock(key)
+SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS written,
+       ARRAY(SELECT target.found FROM ended LEFT JOIN target USING (n) ORDER BY ended.n) AS found,
+       ARRAY(SELECT CASE WHEN pg_backend_pid() = %(pid)s THEN pg_advisory_unlock(key) END
              FROM unnest(%(unlock_keys)s::bigint[]) WITH ORDINALITY AS u(key, n)
              ORDER BY n) AS unlocked;
 
 -- name: record_unclaimed
--- Record ticks nobody ran (missed) unless a replica already has the tick.
-INSERT INTO replicron_runs
-    (namespace, job, scheduled_at, replica_id, finished_at, outcome, error)
-SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error
-FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[], %(errors)s::text[])
-    AS r(job, scheduled_at, outcome, error)
-ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
-RETURNING job, scheduled_at;
+-- Record ticks nobody ran (missed) unless a replica already has the tick. Returns the ticks
+-- recorded by this call, or by an earlier try of it (same token) whose reply was lost.
+WITH request AS MATERIALIZED (
+    SELECT *
+    FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[],
+                %(errors)s::text[]) AS r(job, scheduled_at, outcome, error)
+), inserted AS (
+    INSERT INTO replicron_runs
+        (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
+    SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error,
+           %(token)s::uuid
+    FROM request
+    ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
+    RETURNING job, scheduled_at
+)
+SELECT job, scheduled_at FROM inserted
+UNION ALL
+SELECT run.job, run.scheduled_at
+FROM replicron_runs run JOIN request USING (job, scheduled_at)
+WHERE run.namespace = %(namespace)s AND run.claim_token = %(token)s::uuid;
 
 -- name: heartbeat
--- Keep our open ticks fresh and list the advisory locks this session really holds.
+-- Keep our open ticks fresh (on our own server session only), note this replica as seen with
+-- its clock offset, and return: the server session, the database clock, the open runs
+-- refreshed (an open run not among them was recorded by someone else: a janitor) and the
+-- advisory locks this session really holds.
 WITH refreshed AS (
-    UPDATE replicron_runs SET heartbeat_at = now()
+    UPDATE replicron_runs SET heartbeat_at = now(), backend_pid = pg_backend_pid()
     WHERE run_id = ANY(%(run_ids)s::bigint[]) AND outcome IS NULL
-    RETURNING 1
+      AND pg_backend_pid() = %(pid)s
+    RETURNING run_id
+), seen AS (
+    INSERT INTO replicron_replicas AS r
+        (namespace, replica_id, backend_pid, clock_offset_ms, last_seen)
+    VALUES (%(namespace)s, %(replica)s, pg_backend_pid(), %(offset_ms)s, now())
+    ON CONFLICT (namespace, replica_id) DO UPDATE
+    SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
+        last_seen = excluded.last_seen
 )
-SELECT (SELECT count(*) FROM refreshed) AS refreshed,
-       coalesce(array_agg((classid::bigint << 32) | objid::bigint), '{}') AS held
-FROM pg_locks
-WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1;
+SELECT pg_backend_pid(), clock_timestamp(),
+       ARRAY(SELECT run_id FROM refreshed) AS refreshed,
+       ARRAY(SELECT (classid::bigint << 32) | objid::bigint
+             FROM pg_locks
+             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held;
+
+-- name: clock_sample
+-- A cheap round trip to measure the offset of this replica's clock from the database's.
+SELECT pg_backend_pid(), clock_timestamp();
 
 -- name: last_ticks
 SELECT job, max(scheduled_at)
@@ -118,13 +205,41 @@ WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[])
 GROUP BY job;
 
 -- name: abandon_stale
--- Janitor: open ticks of replicas that stopped heartbeating are recorded abandoned.
-UPDATE replicron_runs
+-- Janitor: open ticks of replicas that stopped heartbeating are recorded abandoned, unless the
+-- run's job lock is still held by the server session that claimed it (a frozen process whose
+-- session lives: its run may go on, so nobody may start the job, and it is not over).
+UPDATE replicron_runs run
 SET outcome = 'abandoned', finished_at = now(),
     error = 'replica ' || replica_id || ' stopped heartbeating'
 WHERE namespace = %(namespace)s AND outcome IS NULL
   AND coalesce(heartbeat_at, claimed_at) < now() - %(stale_after)s::interval
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+        AND l.pid = run.backend_pid
+        AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  )
 RETURNING job, scheduled_at, replica_id;
+
+-- name: fence_stale_holder
+-- Opt-in fencing: terminate the server session that holds a job's lock for an open run whose
+-- heartbeat is stale (a frozen replica), when no run of the job is heartbeating.
+SELECT run.replica_id, l.pid, pg_terminate_backend(l.pid)
+FROM replicron_runs run
+JOIN pg_locks l
+    ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = run.backend_pid
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NULL
+  AND run.heartbeat_at <= now() - %(stale_after)s::interval
+  AND l.pid <> pg_backend_pid()
+  AND NOT EXISTS (
+      SELECT 1 FROM replicron_runs fresh
+      WHERE fresh.namespace = %(namespace)s AND fresh.job = %(job)s
+        AND fresh.outcome IS NULL AND fresh.started_at IS NOT NULL
+        AND fresh.heartbeat_at > now() - %(stale_after)s::interval
+  );
 
 -- name: prune
 -- Retention: delete finished rows older than the retention period, in bounded batches, always
@@ -140,7 +255,8 @@ WHERE run_id IN (
 );
 
 -- name: status
--- Per job: the latest finished run, the latest success, open runs and the number of misses.
+-- Per job: the latest finished run, the latest success, open runs, the number of misses and
+-- the open runs whose heartbeat is stale.
 SELECT job,
        (array_agg(replica_id ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
            AS last_replica,
@@ -156,8 +272,22 @@ SELECT job,
        max(finished_at) FILTER (WHERE outcome = 'succeeded') AS last_success_at,
        coalesce(array_agg(replica_id || ' ' || run_id ORDER BY run_id)
                 FILTER (WHERE outcome IS NULL AND started_at IS NOT NULL), '{}') AS running,
-       count(*) FILTER (WHERE outcome = 'missed') AS missed
+       count(*) FILTER (WHERE outcome = 'missed') AS missed,
+       -- Open runs whose replica stopped heartbeating but whose session still holds the lock
+       -- (a frozen process): they block the job until it wakes or is fenced.
+       coalesce(array_agg(replica_id || ' ' || run_id ORDER BY run_id)
+                FILTER (WHERE outcome IS NULL AND started_at IS NOT NULL
+                          AND heartbeat_at <= now() - %(stale_after)s::interval), '{}')
+           AS stale_running
 FROM replicron_runs
 WHERE namespace = %(namespace)s
 GROUP BY job
 ORDER BY job;
+
+-- name: replicas
+-- Replicas of the namespace: when each was last seen and its clock's offset.
+SELECT replica_id, backend_pid, clock_offset_ms, started_at, last_seen,
+       last_seen > now() - %(stale_after)s::interval AS alive
+FROM replicron_replicas
+WHERE namespace = %(namespace)s
+ORDER BY replica_id;
