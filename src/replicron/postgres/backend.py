@@ -440,7 +440,7 @@ class PostgresBackend:
         if self.fence_stale_holders:
             with contextlib.suppress(BackendUnavailableError):
                 await self._fetch(
-                    "fence_stale_holder", job=job,
+                    "fence_stale_holder", job=job, replica=self.replica_id,
                     stale_after=timedelta(seconds=self.stale_after),
                 )  # fmt: skip
 

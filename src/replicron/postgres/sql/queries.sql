@@ -224,8 +224,9 @@ RETURNING job, scheduled_at, replica_id;
 
 -- name: fence_stale_holder
 -- Opt-in fencing: terminate the server session that holds a job's lock for an open run whose
--- heartbeat is stale (a frozen replica), when no run of the job is heartbeating.
-SELECT run.replica_id, l.pid, pg_terminate_backend(l.pid)
+-- heartbeat is stale (a frozen replica), when no run of the job is heartbeating; waits up to
+-- a second for it to exit.
+SELECT run.replica_id, l.pid, pg_terminate_backend(l.pid, 1000)
 FROM replicron_runs run
 JOIN pg_locks l
     ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = run.backend_pid
@@ -239,6 +240,7 @@ WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NUL
       WHERE fresh.namespace = %(namespace)s AND fresh.job = %(job)s
         AND fresh.outcome IS NULL AND fresh.started_at IS NOT NULL
         AND fresh.heartbeat_at > now() - %(stale_after)s::interval
+        AND fresh.replica_id <> %(replica)s  -- our own refused tick, being recorded
   );
 
 -- name: prune

@@ -1,0 +1,284 @@
+"""The PostgreSQL backend under faults it meets in one process: a hung server session, a lost
+session, an unreachable server, a clock ahead of the database's, a frozen lock holder.
+
+Real server sessions are frozen with SIGSTOP (the server keeps the socket open and answers
+nothing, as a hung proxy or a partition would) and terminated with ``pg_terminate_backend``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from replicron.backends.base import ClaimRequest, ClaimStatus, Release
+from replicron.events import Outcome
+from replicron.postgres import BackendUnavailableError, PostgresBackend
+from replicron.postgres._sql import queries
+from tests.postgres.test_postgres_backend import claim, record, session_pid, sql, tick
+
+CLAIMED, LOCKED, EARLY = ClaimStatus.CLAIMED, ClaimStatus.LOCKED, ClaimStatus.EARLY
+
+
+@asynccontextmanager
+async def opened(
+    dsn: str, replica_id: str, lost: list[int] | None = None, **options: object
+) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(dsn, **options)  # type: ignore[arg-type]
+    await backend.open(replica_id, None if lost is None else lost.extend)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+@contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """The server process stops: its socket stays open, nothing answers."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("freezing a server process needs root")
+
+
+def test_a_hung_session_misses_its_deadline_and_the_statement_is_retried(dsn: str) -> None:
+    need_root()
+
+    async def main() -> None:
+        lost: list[int] = []
+        options = {"heartbeat_interval": 3600, "statement_timeout": 0.5}
+        async with opened(dsn, "replica-a", lost, **options) as a:
+            run = await claim(a, "cleanup", 1, lock=True)
+            pid = session_pid(dsn, "replica-a")
+            with frozen(pid):
+                started = time.monotonic()
+                # The claim waits 0.5 s for the frozen session, gives it up (its run's lock is
+                # lost with it) and succeeds on a new session.
+                second = await claim(a, "report", 1, lock=False)
+                took = time.monotonic() - started
+            assert second.status is CLAIMED
+            assert 0.5 <= took < 3.0
+            assert lost == [run.run_id]
+            assert session_pid(dsn, "replica-a") != pid
+
+    asyncio.run(main())
+
+
+def test_the_lease_stops_runs_before_other_replicas_may_take_the_job(dsn: str) -> None:
+    """Heartbeats stop getting through: the run is told to stop within the lease, measured
+    from when its last proof of life was sent, before its row goes stale for the others."""
+    need_root()
+
+    async def main() -> None:
+        lost: list[int] = []
+        options = {"heartbeat_interval": 0.3, "stale_after": 1.5}
+        async with opened(dsn, "replica-a", lost, **options) as a:
+            assert a.lease == pytest.approx(1.2)
+            run = await claim(a, "cleanup", 1, lock=True)
+            await asyncio.sleep(0.7)  # a heartbeat or two got through
+            pid = session_pid(dsn, "replica-a")
+            with frozen(pid):
+                frozen_at = time.monotonic()
+                while not lost and time.monotonic() - frozen_at < 5:
+                    await asyncio.sleep(0.02)
+                told = time.monotonic()
+            assert lost == [run.run_id]
+            [(beat_age,)] = sql(
+                dsn,
+                "SELECT extract(epoch FROM clock_timestamp() - heartbeat_at)"
+                " FROM replicron_runs WHERE run_id = %s",
+                [run.run_id],
+            )
+            # Told to stop while the row was fresh for the others, by a margin.
+            told_age = float(beat_age) - (time.monotonic() - told)
+            assert told_age < 1.5 - 0.2, told_age
+
+    asyncio.run(main())
+
+
+def test_an_outcome_that_cannot_be_written_is_kept_and_written_later(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=0.2) as a:
+            run = await claim(a, "cleanup", 1, lock=True)
+            assert a._session is not None
+            good, a._session.conninfo = a._session.conninfo, "host=127.0.0.1 port=1 dbname=x"
+            sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, "replica-a")])
+            # The session is gone and no new one can be made: the outcome waits.
+            await a.release([Release(record(run, "replica-a"), True)])
+            [(outcome, beat)] = sql(
+                dsn, "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
+                [run.run_id],
+            )  # fmt: skip
+            assert outcome is None
+            await asyncio.sleep(0.5)
+            [(_, beat_later)] = sql(
+                dsn, "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
+                [run.run_id],
+            )  # fmt: skip
+            assert beat_later == beat  # a finished run is never heartbeated again
+            a._session.conninfo = good  # the server is back: the next heartbeat writes it
+            for _ in range(100):
+                [(outcome,)] = sql(
+                    dsn, "SELECT outcome FROM replicron_runs WHERE run_id = %s", [run.run_id]
+                )
+                if outcome is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert outcome == "succeeded"
+
+    with caplog.at_level(logging.WARNING, "replicron"):
+        asyncio.run(main())
+    assert "outcomes wait to be written" in caplog.text
+
+
+def test_outcomes_still_unwritten_at_close_are_logged_with_their_ticks(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            run = await claim(a, "cleanup", 1, lock=True)
+            assert a._session is not None
+            a._session.conninfo = "host=127.0.0.1 port=1 dbname=x"
+            sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, "replica-a")])
+            await a.release([Release(record(run, "replica-a"), True)])
+
+    with caplog.at_level(logging.ERROR, "replicron"):
+        asyncio.run(main())
+    assert f"tick {tick(1).isoformat()}: could not record succeeded" in caplog.text
+
+
+def test_a_retried_claim_recognises_the_rows_its_first_try_inserted(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600):
+            pass  # migrated
+
+    asyncio.run(main())
+    params = {
+        "namespace": "",
+        "jobs": ["cleanup", "report"],
+        "ticks": [tick(1), tick(1)],
+        "keys": [1, 2],
+        "locks": [False, False],
+        "replica": "replica-a",
+        "token": uuid.uuid4(),
+        "ahead": timedelta(0),
+        "stale_after": timedelta(seconds=15),
+    }
+    claim_sql = queries()["claim"]
+    rows_first = _claim_on_one_session(dsn, claim_sql, params)
+    rows_again = _claim_on_one_session(dsn, claim_sql, params)
+    other = _claim_on_one_session(dsn, claim_sql, {**params, "token": uuid.uuid4()})
+    assert [r[2:4] for r in rows_first] == [(r[2], "claimed") for r in rows_first]
+    assert rows_again == rows_first  # the same rows, recognised by the token
+    assert [r[3] for r in other] == ["taken", "taken"]  # another claimant's
+
+
+def _claim_on_one_session(
+    dsn: str, query: str, params: dict[str, object]
+) -> list[tuple[object, ...]]:
+    """Run the claim on a connection of its own, as the lock session would (its own pid)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(pid,)] = conn.execute("SELECT pg_backend_pid()").fetchall()
+        cursor = conn.execute(query.encode(), {**params, "pid": pid})
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def test_a_tick_not_yet_due_by_the_database_clock_is_refused_and_not_recorded(
+    dsn: str,
+) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            [(now,)] = sql(dsn, "SELECT clock_timestamp()")
+            soon, later = now + timedelta(milliseconds=100), now + timedelta(seconds=30)
+            claims = await a.claim(
+                [ClaimRequest("report", soon, False), ClaimRequest("cleanup", later, True)]
+            )
+            assert [c.status for c in claims] == [CLAIMED, EARLY]  # within the margin: fine
+            assert claims[1].run_id is None
+            assert sql(dsn, "SELECT job FROM replicron_runs ORDER BY job") == [("report",)]
+            assert sql(dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == [(0,)]
+            offset = a.clock_offset()
+            assert offset is not None
+            assert abs(offset.total_seconds()) < 0.1  # one host, one clock
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("fence", [False, True])
+def test_a_frozen_holder_blocks_the_job_is_warned_about_and_can_be_fenced(
+    dsn: str, fence: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        lost: list[int] = []
+        async with (
+            opened(dsn, "replica-a", lost, heartbeat_interval=3600) as a,
+            opened(dsn, "replica-b", heartbeat_interval=3600, fence_stale_holders=fence) as b,
+        ):
+            run = await claim(a, "cleanup", 1, lock=True)
+            # a stops heartbeating (frozen) while its session still holds the lock.
+            sql(
+                dsn,
+                "UPDATE replicron_runs SET heartbeat_at = now() - interval '3 hours'"
+                " WHERE run_id = %s",
+                [run.run_id],
+            )
+            blocked = await claim(b, "cleanup", 2, lock=True)
+            assert blocked.status is LOCKED
+            await b.release([Release(record(blocked, "replica-b", Outcome.SKIPPED_OVERLAP), False)])
+            status = {s.job: s for s in await b.status()}["cleanup"]
+            assert status.stale_running == (("replica-a", run.run_id),)
+            next_claim = await claim(b, "cleanup", 3, lock=True)
+            assert next_claim.status is (CLAIMED if fence else LOCKED)
+            if not fence:
+                await b.release(
+                    [Release(record(next_claim, "replica-b", Outcome.SKIPPED_OVERLAP), False)]
+                )
+
+    with caplog.at_level(logging.WARNING, "replicron"):
+        asyncio.run(main())
+    assert "is blocked by replica replica-a: its heartbeat is stale" in caplog.text
+
+
+def test_the_clock_offset_is_measured_against_the_database(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=0.1) as a:
+            await asyncio.sleep(0.35)
+            offset = a.clock_offset()
+            assert offset is not None
+            assert abs(offset) < timedelta(milliseconds=50)
+            [(ms,)] = sql(dsn, "SELECT clock_offset_ms FROM replicron_replicas")
+            assert abs(ms) < 50
+            [replica] = await a.replicas()
+            assert (replica.replica_id, replica.alive) == ("replica-a", True)
+            assert replica.last_seen <= datetime.now(UTC) + timedelta(seconds=1)
+
+    asyncio.run(main())
+
+
+def test_statements_fail_fast_when_the_server_is_unreachable(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            assert a._session is not None
+            a._session.conninfo = "host=127.0.0.1 port=1 dbname=x"
+            sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, "replica-a")])
+            with pytest.raises(BackendUnavailableError):
+                await claim(a, "cleanup", 1, lock=True)
+
+    asyncio.run(main())
