@@ -1,0 +1,201 @@
+"""Fixtures of the fault-injection suite: its own PostgreSQL cluster, pgbouncers, a network
+namespace, a fresh database per test, and replica processes.
+
+Session-scoped (started once, torn down at the end even when tests fail): ``pg`` (the cluster,
+port 55432 or the next free one), ``pgbouncers`` (transaction and session mode, ports 56432
+and 56532 or the next free ones; started only if a test asks), and the network namespace.
+Per test: ``db`` (a fresh database, dropped with its sessions afterwards), ``netns`` (healed
+after the test), ``replicas`` (a :class:`~tests.faults.fleet.Fleet`; every process is reaped at
+the end) and ``summary``.
+
+A scenario, in short::
+
+    def test_something(replicas: Fleet, netns: NetworkNamespace, summary) -> None:
+        replicas.start("r1", jobs=4, every_s=1, task_ms=100)
+        replicas.start("r2", jobs=4, every_s=1, task_ms=100, in_namespace=True)
+        replicas.start("r3", jobs=4, every_s=1, task_ms=100, faketime="+30s", via="session")
+        ready = replicas.wait_ready(["r1", "r2", "r3"])
+        netns.partition()  # ... the fault; replicas.kill/pause/resume, pg.restart() ...
+        window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() - 0.5)
+        replicas.stop()
+        summary(f"[partition of r2] {replicas.assert_invariants(window)}")
+
+Every test here is marked ``faults``. Missing prerequisites (root, ip, nft, pgbouncer,
+libfaketime, initdb) skip the tests, or fail them when ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults.cluster import Database, PgCluster
+from tests.faults.fleet import Fleet
+from tests.faults.netns import NetworkNamespace
+from tests.faults.pooler import PgBouncer, PgBouncers, PoolMode
+from tests.faults.prereqs import postgres_bin, require
+from tests.faults.workdir import free_port, suite_directory
+
+HERE = Path(__file__).resolve().parent
+SUMMARY = pytest.StashKey[list[str]]()
+FLEET = pytest.StashKey[Fleet]()
+CLUSTER = pytest.StashKey[PgCluster]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of this folder ``faults`` (``-m "not faults"`` leaves them out)."""
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.faults)
+
+
+# ---- session: the machinery ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def suite_dir() -> Iterator[Path]:
+    """A directory owned by postgres for the session's cluster and pgbouncers. Checks the
+    whole suite's needs at once, so that one message names everything that is missing."""
+    require("root", "runuser", "postgres-user", "initdb", "ip", "nft", "pgbouncer", "libfaketime")
+    bindir = postgres_bin()
+    assert bindir is not None
+    with suite_directory(bindir / "pg_ctl") as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
+def namespace(suite_dir: Path) -> Iterator[NetworkNamespace]:
+    """The replica namespace and its link (created after the suite lock is held)."""
+    require("root", "ip", "nft")
+    ns = NetworkNamespace()
+    ns.create()
+    try:
+        yield ns
+    finally:
+        ns.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg(suite_dir: Path, namespace: NetworkNamespace) -> Iterator[PgCluster]:
+    """The suite's PostgreSQL cluster, listening on 127.0.0.1 and the namespace link."""
+    bindir = postgres_bin()
+    assert bindir is not None
+    listen = ["127.0.0.1", namespace.host_address]
+    cluster = PgCluster(suite_dir, bindir, port=free_port(55432, listen), listen=listen)
+    try:
+        cluster.init()
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncers(suite_dir: Path, pg: PgCluster, namespace: NetworkNamespace) -> Iterator[PgBouncers]:
+    """pgbouncer in transaction mode and in session mode, both in front of ``pg``."""
+    require("pgbouncer")
+    listen = ["127.0.0.1", namespace.host_address]
+    modes: tuple[tuple[PoolMode, int], ...] = (("transaction", 56432), ("session", 56532))
+    started = []
+    try:
+        for mode, preferred in modes:
+            bouncer = PgBouncer(
+                suite_dir,
+                pool_mode=mode,
+                port=free_port(preferred, listen),
+                server_port=pg.port,
+                listen=listen,
+            )
+            bouncer.start()
+            started.append(bouncer)
+        yield PgBouncers(*started)
+    finally:
+        for bouncer in started:
+            bouncer.stop()
+
+
+# ---- per test --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def netns(namespace: NetworkNamespace) -> Iterator[NetworkNamespace]:
+    """The replica namespace; a partition a test leaves in place is healed after it."""
+    try:
+        yield namespace
+    finally:
+        namespace.heal()
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, pg: PgCluster) -> Iterator[Database]:
+    """A fresh database for the test on the suite's cluster, dropped afterwards (with its
+    sessions; the cluster is started again first if the test left it down)."""
+    request.node.stash[CLUSTER] = pg
+    database = Database(pg, pg.create_database())
+    try:
+        yield database
+    finally:
+        database.close()
+        pg.drop_database(database.name)
+
+
+@pytest.fixture
+def replicas(
+    request: pytest.FixtureRequest, db: Database, netns: NetworkNamespace, tmp_path: Path
+) -> Iterator[Fleet]:
+    """Starts replica processes for the test (see :meth:`Fleet.start`); reaps them all."""
+
+    def pgbouncer(mode: PoolMode) -> PgBouncer:
+        bouncers = request.getfixturevalue("pgbouncers")
+        assert isinstance(bouncers, PgBouncers)
+        return bouncers[mode]
+
+    fleet = Fleet(db, tmp_path, netns=netns, pgbouncer=pgbouncer)
+    request.node.stash[FLEET] = fleet
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture
+def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a scenario's summary line: printed now (captured) and at the end of the run,
+    in the section "fault summary"."""
+    lines = request.config.stash.setdefault(SUMMARY, [])
+
+    def add(line: str) -> None:
+        print(line)
+        lines.append(line)
+
+    return add
+
+
+# ---- reporting -------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        fleet = item.stash.get(FLEET, None)
+        if fleet is not None and fleet.processes:
+            report.sections.append(("replica logs", fleet.logs()))
+        cluster = item.stash.get(CLUSTER, None)
+        if cluster is not None:
+            report.sections.append(("postgres log (tail)", cluster.log_tail(80)))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    lines = config.stash.get(SUMMARY, [])
+    if lines:
+        terminalreporter.section("fault summary")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,157 @@
+"""A replica cut off mid-run, by the network (a two-way partition, nothing but timeouts can
+notice) or by the scheduler of its host (SIGSTOP past staleness): it must stop its run before
+any other replica starts the job, another replica must take over within a bound (or, for a
+frozen process whose session still holds the lock, nobody may), and the records stay honest."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.faults.analysis import Window
+from tests.faults.cluster import Database
+from tests.faults.fleet import Fleet
+from tests.faults.netns import NetworkNamespace
+
+Summary = Callable[[str], None]
+HEARTBEAT, STALE = 0.5, 1.5  # the replicas' heartbeat_interval and stale_after
+LONG_TASK_MS = 8000  # runs that are going on when the fault hits
+
+
+def first_start(replicas: Fleet, replica_id: str, timeout: float = 15.0) -> dict[str, Any]:
+    pid = replicas.current[replica_id].pid
+
+    def started() -> dict[str, Any] | None:
+        found = [e for e in replicas.events("start") if e["pid"] == pid]
+        return found[0] if found else None
+
+    return replicas.wait_until(f"{replica_id} to start a run", started, timeout)
+
+
+def runs_of_others(replicas: Fleet, pid: int, after: float) -> list[dict[str, Any]]:
+    return [e for e in replicas.events("start") if e["pid"] != pid and float(e["mono"]) > after]
+
+
+def finish_of(replicas: Fleet, run: dict[str, Any]) -> dict[str, Any] | None:
+    for event in replicas.events("finish"):
+        if event["pid"] == run["pid"] and event["tick"] == run["tick"]:
+            return event
+    return None
+
+
+@pytest.mark.timeout(150)
+def test_a_two_way_partition_mid_run(
+    replicas: Fleet, netns: NetworkNamespace, db: Database, summary: Summary
+) -> None:
+    replicas.start("r1", jobs=1, every_s=1, task_ms=LONG_TASK_MS, in_namespace=True)
+    replicas.wait_ready(["r1"])
+    victim = first_start(replicas, "r1")
+    for replica_id in ("r2", "r3"):
+        replicas.start(replica_id, jobs=1, every_s=1, task_ms=LONG_TASK_MS)
+    ready = replicas.wait_ready(["r2", "r3"])
+    time.sleep(max(0.0, float(victim["mono"]) + 2.0 - time.monotonic()))
+    netns.partition()
+    cut = time.monotonic()
+    pid = victim["pid"]
+    taken_over = replicas.wait_until(
+        "another replica to take the job over",
+        lambda: runs_of_others(replicas, pid, cut) or None,
+        40,
+    )[0]
+    takeover = float(taken_over["mono"]) - cut
+    stopped = finish_of(replicas, victim)
+    assert stopped is not None, "the cut-off replica's run was still going at the takeover"
+    assert stopped["cancelled"] is True
+    stop = float(stopped["mono"]) - cut
+    time.sleep(3)
+    netns.heal()
+    healed = time.monotonic()
+    # The cut-off replica reconnects and writes the outcome of its run.
+    db.wait_until(
+        "the cut-off run's outcome",
+        lambda: (
+            db.rows(
+                "SELECT outcome FROM replicron_runs WHERE run_id = %s AND outcome IS NOT NULL",
+                (victim["run_id"],),
+            )
+            or None
+        ),
+        30,
+    )
+    window = Window.from_monotonic(max(ready.values()) + 0.5, healed + 3)
+    replicas.wait_until("the window to end", lambda: time.monotonic() > healed + 5, 30)
+    codes = replicas.stop()
+    analysis = replicas.assert_invariants(window)
+    [victim_row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
+    summary(
+        f"[partition of r1 mid-run, both directions, heartbeat {HEARTBEAT} s, stale_after "
+        f"{STALE} s] {analysis} | cut-off run told to stop {stop:.2f} s after the cut, another "
+        f"replica started the job {takeover:.2f} s after it (margin {takeover - stop:.2f} s); "
+        f"cut-off row {victim_row.outcome!r} ({victim_row.error}); outcomes="
+        f"{dict(Counter(str(r.outcome) for r in analysis.ledger))} exit={codes}"
+    )
+    assert stop < takeover, "two runs at once: the cut-off replica stopped after the takeover"
+    assert stop <= STALE - HEARTBEAT + 0.5  # its lease, measured from its last heartbeat
+    assert takeover < 15.0  # the server drops the cut-off session: keepalives, tcp_user_timeout
+    assert victim_row.outcome == "abandoned"
+
+
+@pytest.mark.timeout(120)
+def test_sigstop_of_the_holder_past_staleness(
+    replicas: Fleet, db: Database, summary: Summary
+) -> None:
+    """A frozen process keeps its server session (the kernel still answers for it), so its
+    lock holds: nobody may start the job, the janitor must not write the run off, the other
+    replicas warn that the job is blocked; once it wakes, it stops the run at once (its lease
+    ran out meanwhile) and the job moves on."""
+    # Runs longer than the freeze, so the frozen run is still going when it wakes.
+    replicas.start("r1", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
+    replicas.wait_ready(["r1"])
+    victim = first_start(replicas, "r1")
+    replicas.start("r2", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
+    ready = replicas.wait_ready(["r2"])
+    time.sleep(max(0.0, float(victim["mono"]) + 1.0 - time.monotonic()))
+    replicas.pause("r1")
+    frozen_at = time.monotonic()
+    time.sleep(5 * STALE)
+    assert runs_of_others(replicas, victim["pid"], frozen_at) == [], "ran while r1 was frozen"
+    [(outcome,)] = db.rows("SELECT outcome FROM replicron_runs WHERE run_id = %s",
+                           (victim["run_id"],))  # fmt: skip
+    assert outcome is None, "the janitor wrote off a run whose lock is still held"
+    replicas.resume("r1")
+    woke = time.monotonic()
+    stopped = replicas.wait_until("r1 to stop its run", lambda: finish_of(replicas, victim), 10)
+    taken = replicas.wait_until(
+        "r2 to take over", lambda: runs_of_others(replicas, victim["pid"], woke) or None, 20
+    )[0]
+    window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
+    replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+    codes = replicas.stop()
+    analysis = replicas.assert_invariants(window)
+    [row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
+    warned = "is blocked by replica r1" in replicas.logs()
+    summary(
+        f"[SIGSTOP of the holder for {woke - frozen_at:.1f} s, stale_after {STALE} s] "
+        f"{analysis} | runs started while frozen=0, janitor wrote it off=no, r2 warned="
+        f"{warned}; after SIGCONT the run stopped in {float(stopped['mono']) - woke:.2f} s and "
+        f"r2 started {float(taken['mono']) - woke:.2f} s after; frozen row {row.outcome!r} "
+        f"({row.error}) exit={codes}"
+    )
+    assert stopped["cancelled"] is True
+    assert float(stopped["mono"]) - woke < 1.0
+    assert warned
+    assert row.outcome == "abandoned"
+    assert "stopped heartbeating" not in (row.error or "")
+    assert not _overwritten(replicas)
+
+
+def _overwritten(replicas: Fleet) -> bool:
+    return "replaced 'abandoned'" in replicas.logs()
+
+
+def window_end(window: Window) -> float:
+    return window.end.timestamp() - (time.time() - time.monotonic())
