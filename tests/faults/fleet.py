@@ -98,15 +98,18 @@ class Fleet:
         in_namespace: bool = False,
         faketime: str | None = None,
         via: PoolMode | None = None,
+        dsn: str | None = None,
     ) -> ReplicaProcess:
         """Start replica ``replica_id``: inside the network namespace (``in_namespace``),
         with its wall clock shifted (``faketime="+30s"``), through a pgbouncer (``via=
-        "transaction"`` or ``"session"``), or directly. Does not wait for it: see
+        "transaction"`` or ``"session"``), through ``dsn``, or directly. Does not wait for it: see
         :meth:`wait_ready`."""
         previous = self.current.get(replica_id)
         assert previous is None or not previous.alive(), f"{replica_id} is still running"
         host = self.netns.host_address if in_namespace else "127.0.0.1"
-        if via is None:
+        if dsn is not None:
+            pass  # given: through something of the test's own, such as a proxy
+        elif via is None:
             dsn = self.db.cluster.dsn(self.db.name, host=host)
         else:
             dsn = self._pgbouncer(via).dsn(self.db.name, host=host)

@@ -16,6 +16,7 @@ from tests.faults.analysis import Window
 from tests.faults.cluster import Database
 from tests.faults.fleet import Fleet
 from tests.faults.netns import NetworkNamespace
+from tests.faults.proxy import HangingProxy
 
 Summary = Callable[[str], None]
 HEARTBEAT, STALE = 0.5, 1.5  # the replicas' heartbeat_interval and stale_after
@@ -98,6 +99,50 @@ def test_a_two_way_partition_mid_run(
     assert stop <= STALE - HEARTBEAT + 0.5  # its lease, measured from its last heartbeat
     assert takeover < 15.0  # the server drops the cut-off session: keepalives, tcp_user_timeout
     assert victim_row.outcome == "abandoned"
+
+
+@pytest.mark.timeout(120)
+def test_a_proxy_that_stops_forwarding_mid_run(
+    replicas: Fleet, db: Database, summary: Summary
+) -> None:
+    """Between r1 and PostgreSQL, a proxy hangs with every socket open: no FIN, no RST, no
+    missing ACK. r1 stops its run within its lease (statement deadlines, no heartbeat gets
+    through); the server drops r1's idle session (idle_session_timeout) and r2 takes over."""
+    proxy = HangingProxy(("127.0.0.1", db.cluster.port))
+    try:
+        replicas.start("r1", jobs=1, every_s=1, task_ms=LONG_TASK_MS, dsn=proxy.dsn(db.name))
+        replicas.wait_ready(["r1"])
+        victim = first_start(replicas, "r1")
+        replicas.start("r2", jobs=1, every_s=1, task_ms=LONG_TASK_MS)
+        ready = replicas.wait_ready(["r2"])
+        time.sleep(max(0.0, float(victim["mono"]) + 1.5 - time.monotonic()))
+        proxy.hang()
+        hung = time.monotonic()
+        taken = replicas.wait_until(
+            "r2 to take over", lambda: runs_of_others(replicas, victim["pid"], hung) or None, 40
+        )[0]
+        stopped = finish_of(replicas, victim)
+        assert stopped is not None, "r1's run was still going when r2 started the job"
+        window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
+        replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+        codes = replicas.stop()
+    finally:
+        proxy.close()
+    analysis = replicas.analyse(window)
+    stop, takeover = float(stopped["mono"]) - hung, float(taken["mono"]) - hung
+    summary(
+        f"[proxy stops forwarding mid-run, sockets open] {analysis} | r1 told its run to stop "
+        f"{stop:.2f} s after the hang, r2 started the job {takeover:.2f} s after it; exit={codes}"
+    )
+    assert stopped["cancelled"] is True
+    assert stop < takeover
+    assert takeover < 10.0
+    assert codes == {"r1": 0, "r2": 0}  # r1's shutdown does not hang on the proxy
+    # r1 could not write its run's outcome through the hung proxy: the row went stale and
+    # r2's janitor (or the next claim) decides; nothing overlaps, nothing runs twice.
+    assert analysis.duplicates == []
+    assert analysis.overlaps == []
+    assert analysis.unrecorded == []
 
 
 @pytest.mark.timeout(120)

@@ -39,6 +39,10 @@ class TransactionPoolerError(ReplicronError, RuntimeError):
     """The lock session is behind a transaction pooler: advisory locks would not hold."""
 
 
+class _CannotConnect(BackendUnavailableError):
+    """No session could be opened: retrying at once would only wait as long again."""
+
+
 class RoundTrip(NamedTuple):
     """When the last statement was sent and its answer received: wall clock (Unix seconds)
     and monotonic clock (``time.monotonic``, which the event loop's timers use too)."""
@@ -62,20 +66,25 @@ def keepalive_params(drop_after: float) -> dict[str, Any]:
     }
 
 
-def server_settings(drop_after: float, statement_deadline: float) -> list[str]:
-    """The same bounds on the server's side of the socket: the server drops a cut-off
-    replica's session, and so its locks, within ``drop_after`` seconds, whether the socket is
-    idle (keepalives) or holds an unacknowledged reply (``tcp_user_timeout``, which keepalives
-    alone do not bound: retransmissions would go on for about 15 minutes)."""
+def server_settings(drop_after: float, statement_deadline: float, version: int) -> list[str]:
+    """The same bounds on the server's side, so the server drops a cut-off replica's session,
+    and so its locks, within about ``drop_after`` seconds of its last statement: when the
+    socket is idle (keepalives), when it holds an unacknowledged reply (``tcp_user_timeout``,
+    which keepalives alone do not bound: retransmissions would go on for about 15 minutes),
+    and when something in between keeps the socket open but forwards nothing (a hung proxy:
+    ``idle_session_timeout``, PostgreSQL 14 and later; the replica heartbeats more often)."""
     idle, interval, count = _keepalive_timing(drop_after)
-    return [
+    settings = [
         f"SET tcp_keepalives_idle = {idle}",
         f"SET tcp_keepalives_interval = {interval}",
         f"SET tcp_keepalives_count = {count}",
-        f"SET tcp_user_timeout = {int(drop_after * 1000)}",
         f"SET statement_timeout = {max(1, int(statement_deadline * 1000))}",
-        "SET idle_in_transaction_session_timeout = 0",
     ]
+    if version >= 120000:
+        settings.append(f"SET tcp_user_timeout = {int(drop_after * 1000)}")
+    if version >= 140000:
+        settings.append(f"SET idle_session_timeout = {int(drop_after * 1000)}")
+    return settings
 
 
 def _keepalive_timing(drop_after: float) -> tuple[int, int, int]:
@@ -111,6 +120,7 @@ class LockSession:
         self.backend_pid: int | None = None
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
         self.last_round_trip: RoundTrip | None = None
+        self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
 
     @property
     def connected(self) -> bool:
@@ -150,12 +160,15 @@ class LockSession:
                 self.connect_timeout,
             )
         except (psycopg.Error, TimeoutError, OSError) as exc:
-            raise BackendUnavailableError(f"{what}: {exc or type(exc).__name__}") from exc
+            self.connect_failed_at = time.monotonic()
+            raise _CannotConnect(f"{what}: {exc or type(exc).__name__}") from exc
+        self.connect_failed_at = None
         return conn
 
     async def _first_pid(self, conn: psycopg.AsyncConnection[Any], token: str) -> int:
         try:
-            for statement in server_settings(self.drop_after, self.statement_deadline):
+            version = conn.info.server_version
+            for statement in server_settings(self.drop_after, self.statement_deadline, version):
                 await self._timed(conn.execute(statement))
             cursor = await self._timed(
                 conn.execute(
@@ -215,8 +228,8 @@ class LockSession:
         """
         try:
             return await self._fetch_once(query, params)
-        except BackendUnavailableError:
-            if not retry:
+        except BackendUnavailableError as exc:
+            if not retry or isinstance(exc, _CannotConnect):
                 raise
             logger.warning("lost the lock session; retrying once on a new one")
             return await self._fetch_once(query, params)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -170,8 +171,8 @@ class PostgresBackend:
                 await self._housekeeper
             self._housekeeper = None
         if self._unwritten and self._session is not None:
-            with contextlib.suppress(Exception):
-                await self._write_outcomes([])
+            with contextlib.suppress(Exception):  # one last try, bounded: shutdown goes on
+                await asyncio.wait_for(self._write_outcomes([]), self.lease)
             for release in self._unwritten:
                 record = release.record
                 logger.error(
@@ -264,6 +265,11 @@ class PostgresBackend:
         self._open.difference_update(ended)
         assert self._lease is not None
         self._lease.end(ended)
+        if self._unreachable():
+            # The server could not be reached a moment ago: the housekeeper writes these with
+            # its next heartbeat, so a shutdown never waits on one more failing reconnect.
+            self._unwritten += [Release(release.record, False) for release in releases]
+            return
         try:
             await self._write_outcomes(releases)
         except BackendUnavailableError as exc:
@@ -302,7 +308,7 @@ class PostgresBackend:
                 replica=self.replica_id,
                 unlock_keys=unlock_keys,
             )
-        except BackendUnavailableError:
+        except BaseException:  # unavailable, or cancelled: nothing is known to be written
             self._unwritten = [Release(record, False) for record in records] + self._unwritten
             raise
         if self._session.generation != generation:
@@ -485,6 +491,13 @@ class PostgresBackend:
             "a statement of the lock session ran on another server session: the connection "
             "goes through a transaction pooler, where session advisory locks do not hold"
         )
+
+    def _unreachable(self) -> bool:
+        session = self._session
+        if session is None:
+            return True
+        failed = session.connect_failed_at
+        return failed is not None and time.monotonic() - failed < self.heartbeat_interval
 
     def _sent_at(self) -> float:
         assert self._session is not None

@@ -1,0 +1,122 @@
+"""One clock for the cluster (replicas whose wall clocks are 30 s ahead or 10 s behind, under
+libfaketime) and connection poolers in front of PostgreSQL (pgbouncer: transaction mode is
+refused every time, session mode works)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from replicron.postgres import PostgresBackend, TransactionPoolerError, migrate
+from tests.faults.analysis import Window
+from tests.faults.cluster import Database
+from tests.faults.fleet import Fleet
+from tests.faults.pooler import PgBouncers
+
+Summary = Callable[[str], None]
+
+
+@pytest.mark.timeout(120)
+def test_clocks_30_s_ahead_and_10_s_behind_run_every_tick_once_on_time(
+    replicas: Fleet, summary: Summary
+) -> None:
+    replicas.start("r1", jobs=3, every_s=1, task_ms=50)
+    replicas.start("r2", jobs=3, every_s=1, task_ms=50, faketime="+30s")
+    replicas.start("r3", jobs=3, every_s=1, task_ms=50, faketime="-10s")
+    ready = replicas.wait_ready(["r1", "r2", "r3"])
+    start = max(ready.values()) + 0.5
+    window = Window.from_monotonic(start, start + 8)
+    replicas.wait_ticks_finished(window)
+    codes = replicas.stop()
+    analysis = replicas.assert_invariants(window, all_ran=True)
+    by_replica = Counter(run.replica for run in analysis.runs)
+    missed = [row for row in analysis.ledger if row.outcome == "missed"]
+    latest = max(run.lead_ms() for run in analysis.runs)
+    summary(
+        f"[clocks: r2 +30 s, r3 -10 s (libfaketime), 3 jobs every 1 s] {analysis} | "
+        f"latest start={latest:+.0f}ms runs by replica={dict(sorted(by_replica.items()))} "
+        f"written off as missed={len(missed)} exit={codes}"
+    )
+    assert missed == [], "ticks written off as missed by a replica with a wrong clock"
+    assert len(by_replica) >= 2 or by_replica.get("r1"), by_replica  # not all on a skewed one
+    assert "off the database's" in replicas.logs()  # the skewed replicas warned
+
+
+@contextmanager
+def busy_clients(dsn: str, count: int = 6) -> Iterator[None]:
+    """Clients keeping pgbouncer's server connections busy with short transactions."""
+    stop = threading.Event()
+
+    def client() -> None:
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT pg_sleep(0.002)")
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+
+async def try_open(dsn: str, tries: int) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for i in range(tries):
+        backend = PostgresBackend(dsn, migrate=False)
+        try:
+            await backend.open(f"pooled-{i}")
+        except TransactionPoolerError:
+            found["refused"] += 1
+        else:
+            found["accepted"] += 1
+        finally:
+            await backend.close()
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_transaction_pooler_is_refused_every_time(
+    db: Database, pgbouncers: PgBouncers, summary: Summary
+) -> None:
+    pooled = pgbouncers["transaction"].dsn(db.name)
+    started = time.monotonic()
+    # Migrations take a transaction-scoped lock: through the pooler they finish, never hang.
+    applied = asyncio.run(asyncio.wait_for(migrate(pooled), 30))
+    migrated = time.monotonic() - started
+    alone = asyncio.run(try_open(pooled, 10))
+    with busy_clients(pooled):
+        busy = asyncio.run(try_open(pooled, 10))
+    leaked = db.advisory_locks()
+    summary(
+        f"[pgbouncer, transaction mode] migrate through it: {len(applied)} applied in "
+        f"{migrated:.2f} s | a replica alone: {alone['refused']}/10 refused | with 6 busy "
+        f"clients: {busy['refused']}/10 refused | advisory locks left={len(leaked)}"
+    )
+    assert alone == Counter(refused=10)
+    assert busy == Counter(refused=10)
+    assert leaked == []
+
+
+@pytest.mark.timeout(120)
+def test_a_session_pooler_works(replicas: Fleet, summary: Summary) -> None:
+    for replica_id in ("r1", "r2"):
+        replicas.start(replica_id, jobs=3, every_s=1, task_ms=50, via="session")
+    ready = replicas.wait_ready(["r1", "r2"])
+    start = max(ready.values()) + 0.5
+    window = Window.from_monotonic(start, start + 5)
+    replicas.wait_ticks_finished(window)
+    codes = replicas.stop()
+    analysis = replicas.assert_invariants(window, all_ran=True)
+    summary(f"[pgbouncer, session mode, 2 replicas, 3 jobs every 1 s] {analysis} exit={codes}")
+    assert codes == {"r1": 0, "r2": 0}
