@@ -52,10 +52,10 @@ def count_statements() -> Counter[str]:
     original = LockSession.fetch
 
     async def counting(
-        self: LockSession, query: str, params: Mapping[str, Any]
+        self: LockSession, query: str, params: Mapping[str, Any], *, retry: bool = False
     ) -> list[tuple[Any, ...]]:
         counts[names.get(query, "other")] += 1
-        return await original(self, query, params)
+        return await original(self, query, params, retry=retry)
 
     LockSession.fetch = counting  # type: ignore[method-assign]
     return counts
