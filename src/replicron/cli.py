@@ -94,17 +94,18 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from .postgres import PostgresBackend
 
-    async def fetch() -> list[Any]:
+    async def fetch() -> tuple[list[Any], list[Any]]:
         backend = PostgresBackend(_database_url(args), namespace=args.namespace, migrate=False)
         await backend.open("replicron-cli")
         try:
-            return await backend.status()
+            return await backend.status(), await backend.replicas()
         finally:
             await backend.close()
 
-    rows = asyncio.run(fetch())
+    rows, replicas = asyncio.run(fetch())
     if not rows:
         print("no runs recorded")
+        _print_replicas(replicas)
         return 0
     header = ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "LAST SUCCESS", "RUNNING", "MISSED")
     table = [header]
@@ -120,13 +121,38 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 str(row.missed),
             )
         )
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    _print_table(table)
     for row in rows:
         if row.last_error:
             print(f"{row.job}: last error: {row.last_error}")
+        for replica, run_id in row.stale_running:
+            print(
+                f"{row.job}: run {run_id} of replica {replica} stopped heartbeating; while its "
+                "session holds the job's lock (a frozen process), the job is blocked"
+            )
+    _print_replicas(replicas)
     return 0
+
+
+def _print_replicas(replicas: list[Any]) -> None:
+    """Replicas seen by their heartbeats, with how far each one's clock is off the
+    database's (replicron schedules on the database's clock; a large offset is a host to
+    fix)."""
+    if not replicas:
+        return
+    print()
+    table = [("REPLICA", "ALIVE", "LAST SEEN", "CLOCK OFFSET")]
+    for replica in replicas:
+        offset = "-" if replica.clock_offset is None else f"{-replica.clock_offset:+.3f} s"
+        alive = "yes" if replica.alive else "no"
+        table.append((replica.replica_id, alive, _iso(replica.last_seen), offset))
+    _print_table(table)
+
+
+def _print_table(table: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
 
 
 def _iso(instant: datetime | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -71,6 +72,31 @@ def test_status_lists_jobs(dsn: str) -> None:
     ]  # fmt: skip
     assert lines[2].split()[:4] == ["ok", "2026-01-01T00:00:10+00:00", "succeeded", "node-1"]
     assert lines[3] == "broken: last error: RuntimeError: disk full"
+
+
+def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: str) -> None:
+    clock = FakeClock(z(2026, 1, 1))
+    with Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="node-1") as s:
+        s.add_job(every(seconds=10), lambda: None, name="ok")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # What heartbeats write: node-2's clock runs 31.5 s ahead of the database's.
+        conn.execute(
+            "INSERT INTO replicron_replicas (namespace, replica_id, clock_offset_ms)"
+            " VALUES ('', 'node-2', -31500)"
+        )
+        conn.execute(
+            "INSERT INTO replicron_runs (namespace, job, scheduled_at, replica_id, started_at,"
+            " heartbeat_at) VALUES ('', 'ok', '2026-01-01 00:00:20+00', 'node-2', now(),"
+            " now() - interval '1 hour')"
+        )
+    result = replicron("status", "--database-url", dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert re.search(r"^ok: run \d+ of replica node-2 stopped heartbeating", result.stdout, re.M)
+    header = lines.index("") + 1
+    assert lines[header].split() == ["REPLICA", "ALIVE", "LAST", "SEEN", "CLOCK", "OFFSET"]
+    assert lines[header + 1].split()[:2] == ["node-2", "yes"]
+    assert lines[header + 1].split()[-2:] == ["+31.500", "s"]
 
 
 def test_unreachable_database_is_one_line_without_password() -> None:
