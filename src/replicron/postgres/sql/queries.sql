@@ -123,13 +123,17 @@ WITH ended AS MATERIALIZED (
                 %(errors)s::text[])
         WITH ORDINALITY AS e(run_id, job, scheduled_at, outcome, started_at, finished_at, error, n)
 ), target AS MATERIALIZED (
-    SELECT ended.n, run.run_id, run.outcome AS found
-    FROM ended JOIN replicron_runs run
-        ON run.namespace = %(namespace)s AND run.job = ended.job
-       AND run.scheduled_at = ended.scheduled_at
-    WHERE (ended.run_id IS NULL OR run.run_id = ended.run_id)
-      AND run.replica_id = %(replica)s
-    FOR UPDATE OF run
+    -- One index lookup per record (LATERAL), never a scan of the job's history.
+    SELECT ended.n, run.run_id, run.found
+    FROM ended CROSS JOIN LATERAL (
+        SELECT mine.run_id, mine.outcome AS found
+        FROM replicron_runs mine
+        WHERE mine.namespace = %(namespace)s AND mine.job = ended.job
+          AND mine.scheduled_at = ended.scheduled_at
+          AND (ended.run_id IS NULL OR mine.run_id = ended.run_id)
+          AND mine.replica_id = %(replica)s
+        FOR UPDATE
+    ) AS run
 ), recorded AS (
     UPDATE replicron_runs run
     SET outcome = ended.outcome,
@@ -166,9 +170,12 @@ WITH request AS MATERIALIZED (
 )
 SELECT job, scheduled_at FROM inserted
 UNION ALL
-SELECT run.job, run.scheduled_at
-FROM replicron_runs run JOIN request USING (job, scheduled_at)
-WHERE run.namespace = %(namespace)s AND run.claim_token = %(token)s::uuid;
+SELECT request.job, request.scheduled_at
+FROM request CROSS JOIN LATERAL (  -- an index lookup per tick, never a scan of the history
+    SELECT 1 FROM replicron_runs run
+    WHERE run.namespace = %(namespace)s AND run.job = request.job
+      AND run.scheduled_at = request.scheduled_at AND run.claim_token = %(token)s::uuid
+) AS earlier;
 
 -- name: heartbeat
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
