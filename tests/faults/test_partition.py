@@ -44,24 +44,39 @@ def finish_of(replicas: Fleet, run: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("heartbeat", "stale"), [(HEARTBEAT, STALE), (5.0, 15.0)], ids=["fast", "defaults"]
+)
 def test_a_two_way_partition_mid_run(
-    replicas: Fleet, netns: NetworkNamespace, db: Database, summary: Summary
+    replicas: Fleet,
+    netns: NetworkNamespace,
+    db: Database,
+    summary: Summary,
+    heartbeat: float,
+    stale: float,
 ) -> None:
-    replicas.start("r1", jobs=1, every_s=1, task_ms=LONG_TASK_MS, in_namespace=True)
+    task_ms = int(1000 * 4 * stale) + LONG_TASK_MS  # still going when another takes over
+    replicas.start(
+        "r1", jobs=1, every_s=1, task_ms=task_ms, in_namespace=True,
+        heartbeat_interval=heartbeat, stale_after=stale,
+    )  # fmt: skip
     replicas.wait_ready(["r1"])
     victim = first_start(replicas, "r1")
     for replica_id in ("r2", "r3"):
-        replicas.start(replica_id, jobs=1, every_s=1, task_ms=LONG_TASK_MS)
+        replicas.start(
+            replica_id, jobs=1, every_s=1, task_ms=task_ms,
+            heartbeat_interval=heartbeat, stale_after=stale,
+        )  # fmt: skip
     ready = replicas.wait_ready(["r2", "r3"])
-    time.sleep(max(0.0, float(victim["mono"]) + 2.0 - time.monotonic()))
+    time.sleep(max(0.0, float(victim["mono"]) + heartbeat + 1.0 - time.monotonic()))
     netns.partition()
     cut = time.monotonic()
     pid = victim["pid"]
     taken_over = replicas.wait_until(
         "another replica to take the job over",
         lambda: runs_of_others(replicas, pid, cut) or None,
-        40,
+        4 * stale + 20,
     )[0]
     takeover = float(taken_over["mono"]) - cut
     stopped = finish_of(replicas, victim)
@@ -89,15 +104,17 @@ def test_a_two_way_partition_mid_run(
     analysis = replicas.assert_invariants(window)
     [victim_row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
     summary(
-        f"[partition of r1 mid-run, both directions, heartbeat {HEARTBEAT} s, stale_after "
-        f"{STALE} s] {analysis} | cut-off run told to stop {stop:.2f} s after the cut, another "
+        f"[partition of r1 mid-run, both directions, heartbeat {heartbeat:g} s, stale_after "
+        f"{stale:g} s] {analysis} | cut-off run told to stop {stop:.2f} s after the cut, another "
         f"replica started the job {takeover:.2f} s after it (margin {takeover - stop:.2f} s); "
         f"cut-off row {victim_row.outcome!r} ({victim_row.error}); outcomes="
         f"{dict(Counter(str(r.outcome) for r in analysis.ledger))} exit={codes}"
     )
     assert stop < takeover, "two runs at once: the cut-off replica stopped after the takeover"
-    assert stop <= STALE - HEARTBEAT + 0.5  # its lease, measured from its last heartbeat
-    assert takeover < 15.0  # the server drops the cut-off session: keepalives, tcp_user_timeout
+    assert stop <= stale - heartbeat + 0.5  # its lease, measured from its last heartbeat
+    # The server drops the cut-off session (keepalives, tcp_user_timeout) about stale_after
+    # after its last statement; the next tick after that is claimed.
+    assert takeover < stale + 4 * heartbeat + 2
     assert victim_row.outcome == "abandoned"
 
 
@@ -106,14 +123,15 @@ def test_a_proxy_that_stops_forwarding_mid_run(
     replicas: Fleet, db: Database, summary: Summary
 ) -> None:
     """Between r1 and PostgreSQL, a proxy hangs with every socket open: no FIN, no RST, no
-    missing ACK. r1 stops its run within its lease (statement deadlines, no heartbeat gets
-    through); the server drops r1's idle session (idle_session_timeout) and r2 takes over."""
+    missing ACK, so the server keeps r1's session and its lock, as for a frozen process. r1
+    stops its run within its lease (statement deadlines: no heartbeat gets through). r2, with
+    fence_stale_holders, terminates the session that blocks the job, and takes over."""
     proxy = HangingProxy(("127.0.0.1", db.cluster.port))
     try:
         replicas.start("r1", jobs=1, every_s=1, task_ms=LONG_TASK_MS, dsn=proxy.dsn(db.name))
         replicas.wait_ready(["r1"])
         victim = first_start(replicas, "r1")
-        replicas.start("r2", jobs=1, every_s=1, task_ms=LONG_TASK_MS)
+        replicas.start("r2", jobs=1, every_s=1, task_ms=LONG_TASK_MS, fence_stale_holders=True)
         ready = replicas.wait_ready(["r2"])
         time.sleep(max(0.0, float(victim["mono"]) + 1.5 - time.monotonic()))
         proxy.hang()
@@ -131,8 +149,9 @@ def test_a_proxy_that_stops_forwarding_mid_run(
     analysis = replicas.analyse(window)
     stop, takeover = float(stopped["mono"]) - hung, float(taken["mono"]) - hung
     summary(
-        f"[proxy stops forwarding mid-run, sockets open] {analysis} | r1 told its run to stop "
-        f"{stop:.2f} s after the hang, r2 started the job {takeover:.2f} s after it; exit={codes}"
+        f"[proxy stops forwarding mid-run, sockets open; r2 fences stale holders] {analysis} | "
+        f"r1 told its run to stop {stop:.2f} s after the hang, r2 started the job "
+        f"{takeover:.2f} s after it; exit={codes}"
     )
     assert stopped["cancelled"] is True
     assert stop < takeover

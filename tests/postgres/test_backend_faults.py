@@ -195,8 +195,10 @@ def _claim_on_one_session(
 ) -> list[tuple[object, ...]]:
     """Run the claim on a connection of its own, as the lock session would (its own pid)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        [(pid,)] = conn.execute("SELECT pg_backend_pid()").fetchall()
-        cursor = conn.execute(query.encode(), {**params, "pid": pid})
+        [(pid, token)] = conn.execute(
+            "SELECT pg_backend_pid(), set_config('replicron.session_token', 'test', false)"
+        ).fetchall()
+        cursor = conn.execute(query.encode(), {**params, "pid": pid, "session_token": token})
         return [tuple(row) for row in cursor.fetchall()]
 
 

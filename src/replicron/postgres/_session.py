@@ -31,6 +31,10 @@ __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPo
 logger = logging.getLogger("replicron")
 
 
+#: Probe rounds when something pools between the replica and PostgreSQL.
+POOLED_PROBE_ROUNDS = 20
+
+
 class BackendUnavailableError(ReplicronError, ConnectionError):
     """The database could not be reached or the lock session was lost."""
 
@@ -68,11 +72,11 @@ def keepalive_params(drop_after: float) -> dict[str, Any]:
 
 def server_settings(drop_after: float, statement_deadline: float, version: int) -> list[str]:
     """The same bounds on the server's side, so the server drops a cut-off replica's session,
-    and so its locks, within about ``drop_after`` seconds of its last statement: when the
-    socket is idle (keepalives), when it holds an unacknowledged reply (``tcp_user_timeout``,
-    which keepalives alone do not bound: retransmissions would go on for about 15 minutes),
-    and when something in between keeps the socket open but forwards nothing (a hung proxy:
-    ``idle_session_timeout``, PostgreSQL 14 and later; the replica heartbeats more often)."""
+    and so its locks, within about ``drop_after`` seconds: when the socket is idle
+    (keepalives) and when it holds an unacknowledged reply (``tcp_user_timeout``, which
+    keepalives alone do not bound: retransmissions would go on for about 15 minutes). A peer
+    whose kernel still answers (a frozen process, a hung proxy) keeps its session: its runs
+    may go on, so its locks hold (see ``fence_stale_holders``)."""
     idle, interval, count = _keepalive_timing(drop_after)
     settings = [
         f"SET tcp_keepalives_idle = {idle}",
@@ -82,8 +86,6 @@ def server_settings(drop_after: float, statement_deadline: float, version: int) 
     ]
     if version >= 120000:
         settings.append(f"SET tcp_user_timeout = {int(drop_after * 1000)}")
-    if version >= 140000:
-        settings.append(f"SET idle_session_timeout = {int(drop_after * 1000)}")
     return settings
 
 
@@ -118,6 +120,7 @@ class LockSession:
         self._invalid = False
         self._orphans: set[asyncio.Task[Any]] = set()  # statements given up on
         self.backend_pid: int | None = None
+        self._token = ""  # a setting of the server session: statements check they run there
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
         self.last_round_trip: RoundTrip | None = None
         self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
@@ -144,6 +147,7 @@ class LockSession:
             await _close_quietly(conn)
             raise
         self._conn, self.backend_pid, self._invalid = conn, pid, False
+        self._token = token
         self.generation += 1
 
     async def _open_connection(self, what: str) -> psycopg.AsyncConnection[Any]:
@@ -185,33 +189,54 @@ class LockSession:
     async def _refuse_a_pooler(
         self, conn: psycopg.AsyncConnection[Any], pid: int, token: str
     ) -> None:
-        """A second, short-lived connection asks for its server session while the lock
-        session is idle: connected directly, two client connections never share one (a
-        transaction pooler hands the idle server session to whoever asks next). Then the lock
-        session must still be on its server session, with the setting it made there."""
+        """Refuse a transaction pooler, which may run each statement on another server session.
+
+        A short-lived probe connection asks for its server session, in rounds of two kinds:
+        while the lock session is idle (connected directly, two client connections never share
+        a server session; a pooler hands the idle one to whoever asks next), and from inside a
+        transaction of its own, after which the lock session must still be on its server
+        session with the setting it made there (a pooler hands it the one just released). A
+        server session id that differs from the one the connection was opened with says that
+        something pools in between: then many rounds are run, since under load a transaction
+        pooler can pass one by chance.
+        """
+        pooled = conn.info.backend_pid != pid
         probe = await self._open_connection("cannot open the pooler probe")
         try:
-            cursor = await self._timed(probe.execute("SELECT pg_backend_pid()"))
-            probe_row = await cursor.fetchone()
-            cursor = await self._timed(
-                conn.execute(
-                    "SELECT pg_backend_pid(), current_setting('replicron.session_token', true)"
-                )
-            )
-            again = await cursor.fetchone()
+            for round_ in range(POOLED_PROBE_ROUNDS if pooled else 1):
+                if await self._moves(conn, probe, pid, token, pinned=round_ % 2 == 1):
+                    raise TransactionPoolerError(
+                        f"the lock session's statements do not stay on server session {pid}: "
+                        "the connection goes through a transaction pooler, where session "
+                        "advisory locks do not hold. Connect replicron directly to PostgreSQL, "
+                        "or through a pooler in session mode."
+                    )
         except (psycopg.Error, TimeoutError) as exc:
             raise BackendUnavailableError(f"cannot probe the lock session: {exc}") from exc
         finally:
             await _close_quietly(probe)
+        if pooled:
+            logger.warning(
+                "the lock session goes through a connection pooler; it kept one server session "
+                "in %d checks, as a pooler in session mode does", POOLED_PROBE_ROUNDS,
+            )  # fmt: skip
+
+    async def _moves(
+        self, conn: psycopg.AsyncConnection[Any], probe: psycopg.AsyncConnection[Any], pid: int,
+        token: str, *, pinned: bool,
+    ) -> bool:  # fmt: skip
+        """One round of the probe: True when a pooler showed itself."""
+        ours = "SELECT pg_backend_pid(), current_setting('replicron.session_token', true)"
+        if pinned:
+            await self._timed(probe.execute("BEGIN"))
+        cursor = await self._timed(probe.execute("SELECT pg_backend_pid()"))
+        probe_row = await cursor.fetchone()
+        rows = [await (await self._timed(conn.execute(ours))).fetchone()]
+        if pinned:
+            await self._timed(probe.execute("COMMIT"))
+            rows.append(await (await self._timed(conn.execute(ours))).fetchone())
         assert probe_row is not None
-        assert again is not None
-        if probe_row[0] == pid or again[0] != pid or again[1] != token:
-            raise TransactionPoolerError(
-                f"two client connections share server session {pid} (or the lock session "
-                "moved between statements): the connection goes through a transaction "
-                "pooler, where session advisory locks do not hold. Connect replicron directly "
-                "to PostgreSQL, or through a pooler in session mode."
-            )
+        return probe_row[0] == pid or any(row != (pid, token) for row in rows)
 
     async def _timed(self, awaitable: Any) -> Any:
         return await asyncio.wait_for(awaitable, self.statement_deadline)
@@ -241,7 +266,7 @@ class LockSession:
             assert conn is not None
             # Locking statements check that they run on this server session (a pooler would
             # move them): the session they are for is the one they are sent on.
-            params = {**params, "pid": self.backend_pid}
+            params = {**params, "pid": self.backend_pid, "session_token": self._token}
             sent_wall, sent_mono = time.time(), time.monotonic()
             statement = asyncio.ensure_future(_rows(conn, query, params))
             try:

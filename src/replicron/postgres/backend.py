@@ -380,13 +380,13 @@ class PostgresBackend:
     async def _heartbeat(self) -> None:
         offset = self._offsets.current
         open_runs = sorted(self._open)
-        [(pid, db_now, refreshed, held)] = await self._fetch(
+        [(ours, db_now, refreshed, held)] = await self._fetch(
             "heartbeat",
             run_ids=open_runs,
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
         )
-        if self._session is None or pid != self._session.backend_pid:
+        if not ours:
             await self._moved()
         self._clock_sample(db_now)
         assert self._lease is not None

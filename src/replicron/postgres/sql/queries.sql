@@ -19,7 +19,8 @@ WITH request AS MATERIALIZED (
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[])
         WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, n)
 ), session AS MATERIALIZED (
-    SELECT pg_backend_pid() = %(pid)s AS ours,
+    SELECT (pg_backend_pid() = %(pid)s
+            AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
            clock_timestamp() + %(ahead)s::interval AS claimable_until
 ), inserted AS (
     INSERT INTO replicron_runs
@@ -90,7 +91,9 @@ ORDER BY decided.n;
 -- mark the tick started when it was taken; nothing on a server session other than ours.
 WITH attempt AS MATERIALIZED (
     SELECT CASE
-               WHEN pg_backend_pid() <> %(pid)s THEN NULL
+               WHEN NOT (pg_backend_pid() = %(pid)s
+                         AND current_setting('replicron.session_token', true)
+                             = %(session_token)s) THEN NULL
                WHEN NOT pg_try_advisory_lock(%(key)s::bigint) THEN false
                WHEN EXISTS (
                    SELECT 1 FROM replicron_runs other
@@ -148,7 +151,10 @@ WITH ended AS MATERIALIZED (
 )
 SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS written,
        ARRAY(SELECT target.found FROM ended LEFT JOIN target USING (n) ORDER BY ended.n) AS found,
-       ARRAY(SELECT CASE WHEN pg_backend_pid() = %(pid)s THEN pg_advisory_unlock(key) END
+       ARRAY(SELECT CASE WHEN pg_backend_pid() = %(pid)s
+                              AND current_setting('replicron.session_token', true)
+                                  = %(session_token)s
+                         THEN pg_advisory_unlock(key) END
              FROM unnest(%(unlock_keys)s::bigint[]) WITH ORDINALITY AS u(key, n)
              ORDER BY n) AS unlocked;
 
@@ -179,13 +185,14 @@ FROM request CROSS JOIN LATERAL (  -- an index lookup per tick, never a scan of 
 
 -- name: heartbeat
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
--- its clock offset, and return: the server session, the database clock, the open runs
--- refreshed (an open run not among them was recorded by someone else: a janitor) and the
--- advisory locks this session really holds.
+-- its clock offset, and return: whether it ran on our server session, the database clock,
+-- the open runs refreshed (an open run not among them was recorded by someone else: a
+-- janitor) and the advisory locks this session really holds.
 WITH refreshed AS (
     UPDATE replicron_runs SET heartbeat_at = now(), backend_pid = pg_backend_pid()
     WHERE run_id = ANY(%(run_ids)s::bigint[]) AND outcome IS NULL
       AND pg_backend_pid() = %(pid)s
+      AND current_setting('replicron.session_token', true) = %(session_token)s
     RETURNING run_id
 ), seen AS (
     INSERT INTO replicron_replicas AS r
@@ -195,7 +202,9 @@ WITH refreshed AS (
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
         last_seen = excluded.last_seen
 )
-SELECT pg_backend_pid(), clock_timestamp(),
+SELECT (pg_backend_pid() = %(pid)s
+        AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
+       clock_timestamp(),
        ARRAY(SELECT run_id FROM refreshed) AS refreshed,
        ARRAY(SELECT (classid::bigint << 32) | objid::bigint
              FROM pg_locks
