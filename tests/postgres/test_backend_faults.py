@@ -284,3 +284,25 @@ def test_statements_fail_fast_when_the_server_is_unreachable(dsn: str) -> None:
                 await claim(a, "cleanup", 1, lock=True)
 
     asyncio.run(main())
+
+
+def test_refused_ticks_are_not_heartbeated_once_recorded(dsn: str) -> None:
+    """A tick refused as LOCKED is recorded skipped_overlap at once; the replica must not keep
+    it among the runs it heartbeats (they would pile up for as long as the job is blocked)."""
+
+    async def main() -> None:
+        async with (
+            opened(dsn, "replica-a", heartbeat_interval=3600) as a,
+            opened(dsn, "replica-b", heartbeat_interval=3600) as b,
+        ):
+            await claim(a, "cleanup", 1, lock=True)
+            for n in (2, 3, 4):
+                refused = await claim(b, "cleanup", n, lock=True)
+                assert refused.status is LOCKED
+                skipped = record(refused, "replica-b", Outcome.SKIPPED_OVERLAP)
+                await b.release([Release(skipped, False)])
+            assert b._open == set()
+            rows = sql(dsn, "SELECT outcome, count(*) FROM replicron_runs GROUP BY 1 ORDER BY 1")
+            assert rows == [("skipped_overlap", 3), (None, 1)]
+
+    asyncio.run(main())

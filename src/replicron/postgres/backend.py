@@ -222,13 +222,13 @@ class PostgresBackend:
                 claims.append(Claim(request.job, tick, ClaimStatus.TAKEN, None, False))
                 continue
             run_id, status, blocker, stale, holder = answer
-            if run_id is not None:
-                self._open.add(run_id)
-            if status == "locked":
+            if status == "locked":  # its row is recorded skipped_overlap at once, by tick
                 if stale and holder is not None:
                     await self._blocked_by_frozen(request.job, blocker, holder)
                 claims.append(Claim(request.job, tick, ClaimStatus.LOCKED, None, False))
                 continue
+            if run_id is not None:
+                self._open.add(run_id)
             if status == "locked_claimed":
                 self._held[self.lock_key(request.job)] = run_id
                 assert self._lease is not None
@@ -308,7 +308,7 @@ class PostgresBackend:
                 replica=self.replica_id,
                 unlock_keys=unlock_keys,
             )
-        except BaseException:  # unavailable, or cancelled: nothing is known to be written
+        except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
             self._unwritten = [Release(record, False) for record in records] + self._unwritten
             raise
         if self._session.generation != generation:
