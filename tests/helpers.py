@@ -6,10 +6,47 @@ import asyncio
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from replicron import Listener, Outcome, RunEvent
+
+T = TypeVar("T")
+
+
+def poll_until(
+    what: str,
+    check: Callable[[], T | None],
+    timeout: float,
+    every: float = 0.05,
+    before_each: Callable[[], None] | None = None,
+) -> T:
+    """For real-time tests of processes: poll ``check`` until it returns something other
+    than None/False (``before_each`` may fail first, e.g. on a process that died); fail after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if before_each is not None:
+            before_each()
+        result = check()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def summary_recorder(lines: list[str]) -> Callable[[str], None]:
+    """A scenario's summary line: printed now (captured with the test) and kept in ``lines``
+    for the end of the run."""
+
+    def add(line: str) -> None:
+        print(line)
+        lines.append(line)
+
+    return add
 
 
 def z(

@@ -36,11 +36,12 @@ class Clock(Protocol):
     async def asleep_until(self, deadline: datetime, /) -> None: ...
 
 
-class SystemClock:
-    """The real clock: wall time from the OS, waits re-checked against it."""
+class _RealTimeWaits:
+    """Waits in real time, re-checked against ``now()`` in slices, so that a step of the
+    clock (NTP, suspend, a new offset) is noticed."""
 
     def now(self) -> datetime:
-        return datetime.now(UTC)
+        raise NotImplementedError
 
     def sleep_until(self, deadline: datetime, /) -> None:
         while (remaining := (deadline - self.now()).total_seconds()) > 0:
@@ -50,11 +51,18 @@ class SystemClock:
         while (remaining := (deadline - self.now()).total_seconds()) > 0:
             await asyncio.sleep(min(remaining, _MAX_SLICE))
 
+
+class SystemClock(_RealTimeWaits):
+    """The real clock: wall time from the OS, waits re-checked against it."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
     def __repr__(self) -> str:
         return "SystemClock()"
 
 
-class ClusterClock:
+class ClusterClock(_RealTimeWaits):
     """A clock shifted by an offset measured elsewhere: the system clock corrected to the
     coordinator's (PostgreSQL's) clock, so every replica fires ticks on one time base whatever
     its own clock says. ``offset()`` is read on every call (it may be updated meanwhile, from
@@ -67,14 +75,6 @@ class ClusterClock:
     def now(self) -> datetime:
         offset = self._offset()
         return self.base.now() if offset is None else self.base.now() + offset
-
-    def sleep_until(self, deadline: datetime, /) -> None:
-        while (remaining := (deadline - self.now()).total_seconds()) > 0:
-            time.sleep(min(remaining, _MAX_SLICE))
-
-    async def asleep_until(self, deadline: datetime, /) -> None:
-        while (remaining := (deadline - self.now()).total_seconds()) > 0:
-            await asyncio.sleep(min(remaining, _MAX_SLICE))
 
     def __repr__(self) -> str:
         return f"ClusterClock({self.base!r}, offset={self._offset()})"

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from tests.acceptance.replica import SCHEMA
-from tests.helpers import fresh_database
+from tests.helpers import fresh_database, poll_until, summary_recorder
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -163,15 +163,7 @@ class Cluster:
     ) -> T:
         """Poll ``check`` until it returns something other than None/False; fail after
         ``timeout`` seconds or as soon as a replica dies unexpectedly."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            result = check()
-            if result is not None and result is not False:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(every)
+        return poll_until(what, check, timeout, every, before_each=self.check_alive)
 
     def wait_ready(self, replica_ids: Iterable[str], timeout: float = 20.0) -> dict[str, datetime]:
         """Wait until each replica has started its scheduler; return when (database clock)."""
@@ -228,13 +220,7 @@ def cluster(
 @pytest.fixture
 def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a scenario's summary line: printed now (captured) and at the end of the run."""
-    lines = request.config.stash.setdefault(SUMMARY, [])
-
-    def add(line: str) -> None:
-        print(line)
-        lines.append(line)
-
-    return add
+    return summary_recorder(request.config.stash.setdefault(SUMMARY, []))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -22,6 +21,7 @@ import psycopg
 
 from tests.faults.analysis import LEDGER_QUERY, AdvisoryLock, LedgerRow
 from tests.faults.workdir import as_postgres, chown_postgres
+from tests.helpers import poll_until
 
 __all__ = ["Database", "PgCluster"]
 
@@ -240,14 +240,7 @@ class Database:
     ) -> T:
         """Poll ``check`` until it returns something other than None/False; fail after
         ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = check()
-            if result is not None and result is not False:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(every)
+        return poll_until(what, check, timeout, every)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

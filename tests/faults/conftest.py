@@ -38,6 +38,7 @@ from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PgBouncers, PoolMode
 from tests.faults.prereqs import postgres_bin, require
 from tests.faults.workdir import free_port, suite_directory
+from tests.helpers import summary_recorder
 
 HERE = Path(__file__).resolve().parent
 SUMMARY = pytest.StashKey[list[str]]()
@@ -166,13 +167,7 @@ def replicas(
 def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a scenario's summary line: printed now (captured) and at the end of the run,
     in the section "fault summary"."""
-    lines = request.config.stash.setdefault(SUMMARY, [])
-
-    def add(line: str) -> None:
-        print(line)
-        lines.append(line)
-
-    return add
+    return summary_recorder(request.config.stash.setdefault(SUMMARY, []))
 
 
 # ---- reporting -------------------------------------------------------------------------------

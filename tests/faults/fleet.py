@@ -34,6 +34,7 @@ from tests.faults.cluster import Database
 from tests.faults.faketime import faketime_env
 from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PoolMode
+from tests.helpers import poll_until
 
 __all__ = ["Fleet", "ReplicaProcess"]
 
@@ -179,15 +180,7 @@ class Fleet:
     ) -> T:
         """Poll ``check`` until it returns something other than None/False; fail after
         ``timeout`` seconds or as soon as a replica dies unexpectedly."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            result = check()
-            if result is not None and result is not False:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(every)
+        return poll_until(what, check, timeout, every, before_each=self.check_alive)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Every event so far of every replica (of kind ``kind``), in monotonic order."""
