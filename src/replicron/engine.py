@@ -381,14 +381,7 @@ class Engine(RunExecutor):
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
-        return not (
-            self._active
-            or self._waiting
-            or self._releases
-            or self._tasks
-            or self._done
-            or self._early
-        )
+        return not (self._active or self._waiting or self._releases or self._tasks or self._done)
 
     def _quiet_may_have_changed(self, *_: object) -> None:
         if self._quiet_changed is not None:
@@ -429,6 +422,8 @@ class Engine(RunExecutor):
         for record, ours in zip(records, recorded, strict=True):
             if ours:
                 self._report(record, self._jobs.get(record.job), detail=why)
+            elif ours is None:  # not yet due by the backend's clock (ours runs ahead): claim
+                self._retry_early(Tick(record.job, record.scheduled_at), self.clock.now())
         for name in truncated:
             self.observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
 
@@ -500,9 +495,7 @@ class Engine(RunExecutor):
                 _DEBUG, "early", "not yet due by the backend's clock; asking again shortly",
                 claim.job, claim.scheduled_at,
             )  # fmt: skip
-            retry = now + timedelta(seconds=_RETRY_EARLY)
-            self._early.append((retry, Tick(claim.job, claim.scheduled_at)))
-            self._early.sort(key=lambda entry: entry[0])
+            self._retry_early(Tick(claim.job, claim.scheduled_at), now)
         elif action == "run":
             self._start(state, claim, now)
         elif action == "skip":
@@ -515,3 +508,9 @@ class Engine(RunExecutor):
             if state.pending is not None:
                 self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
             state.pending = claim
+
+    def _retry_early(self, tick: Tick, now: datetime) -> None:
+        """Ask for the tick again shortly: it is not due yet by the backend's clock."""
+        self._early.append((now + timedelta(seconds=_RETRY_EARLY), tick))
+        self._early.sort(key=lambda entry: entry[0])
+        self._poke()

@@ -130,6 +130,8 @@ class Fleet:
         ]  # fmt: skip
         if fence_stale_holders:
             command.append("--fence-stale-holders")
+        if via == "session":  # declared, as replicron asks of a pooler in session mode
+            command.append("--session-pooler")
         where = ["namespace" if in_namespace else "host"]
         if via is not None:
             where.append(f"pgbouncer {via}")

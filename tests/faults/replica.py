@@ -82,6 +82,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop-timeout", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=120.0, help="exit after this long")
     parser.add_argument(
+        "--session-pooler",
+        action="store_true",
+        help="PostgresBackend(session_pooler=True): connected through a session-mode pooler",
+    )
+    parser.add_argument(
         "--fence-stale-holders",
         action="store_true",
         help="PostgresBackend(fence_stale_holders=True)",
@@ -100,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.fence_stale_holders:
         options["fence_stale_holders"] = True
+    if args.session_pooler:
+        options["session_pooler"] = True
     scheduler = Scheduler(
         backend=PostgresBackend(args.dsn, **options),
         replica_id=args.replica_id,

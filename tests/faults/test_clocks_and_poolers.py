@@ -70,10 +70,10 @@ def busy_clients(dsn: str, count: int = 6) -> Iterator[None]:
             thread.join(10)
 
 
-async def try_open(dsn: str, tries: int) -> Counter[str]:
+async def try_open(dsn: str, tries: int, *, session_pooler: bool = False) -> Counter[str]:
     found: Counter[str] = Counter()
     for i in range(tries):
-        backend = PostgresBackend(dsn, migrate=False)
+        backend = PostgresBackend(dsn, migrate=False, session_pooler=session_pooler)
         try:
             await backend.open(f"pooled-{i}")
         except TransactionPoolerError:
@@ -95,15 +95,19 @@ def test_a_transaction_pooler_is_refused_every_time(
     applied = asyncio.run(asyncio.wait_for(migrate(pooled), 30))
     migrated = time.monotonic() - started
     alone = asyncio.run(try_open(pooled, 10))
+    # Told, wrongly, that it is a session pooler: the probe rounds still find it out.
+    misdeclared = asyncio.run(try_open(pooled, 10, session_pooler=True))
     with busy_clients(pooled):
         busy = asyncio.run(try_open(pooled, 30))
     leaked = db.advisory_locks()
     summary(
         f"[pgbouncer, transaction mode] migrate through it: {len(applied)} applied in "
-        f"{migrated:.2f} s | a replica alone: {alone['refused']}/10 refused | with 6 busy "
-        f"clients: {busy['refused']}/30 refused | advisory locks left={len(leaked)}"
+        f"{migrated:.2f} s | a replica alone: {alone['refused']}/10 refused | declared a "
+        f"session pooler: {misdeclared['refused']}/10 refused | with 6 busy clients: "
+        f"{busy['refused']}/30 refused | advisory locks left={len(leaked)}"
     )
     assert alone == Counter(refused=10)
+    assert misdeclared == Counter(refused=10)
     assert busy == Counter(refused=30)
     assert leaked == []
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from replicron.backends.base import ClaimRequest, ClaimStatus, Release
+from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.events import Outcome
 from replicron.postgres import BackendUnavailableError, PostgresBackend
 from replicron.postgres._sql import queries
@@ -177,14 +177,14 @@ def test_a_retried_claim_recognises_the_rows_its_first_try_inserted(dsn: str) ->
         "keys": [1, 2],
         "locks": [False, False],
         "replica": "replica-a",
-        "token": uuid.uuid4(),
+        "tokens": [uuid.uuid4()] * 2,
         "ahead": timedelta(0),
         "stale_after": timedelta(seconds=15),
     }
     claim_sql = queries()["claim"]
     rows_first = _claim_on_one_session(dsn, claim_sql, params)
     rows_again = _claim_on_one_session(dsn, claim_sql, params)
-    other = _claim_on_one_session(dsn, claim_sql, {**params, "token": uuid.uuid4()})
+    other = _claim_on_one_session(dsn, claim_sql, {**params, "tokens": [uuid.uuid4()] * 2})
     assert [r[2:4] for r in rows_first] == [(r[2], "claimed") for r in rows_first]
     assert rows_again == rows_first  # the same rows, recognised by the token
     assert [r[3] for r in other] == ["taken", "taken"]  # another claimant's
@@ -304,5 +304,70 @@ def test_refused_ticks_are_not_heartbeated_once_recorded(dsn: str) -> None:
             assert b._open == set()
             rows = sql(dsn, "SELECT outcome, count(*) FROM replicron_runs GROUP BY 1 ORDER BY 1")
             assert rows == [("skipped_overlap", 3), (None, 1)]
+
+    asyncio.run(main())
+
+
+def _insert_lost_claim(dsn: str, job: str, n: int, token: uuid.UUID) -> int:
+    """The row a claim inserted and committed when its answer was lost with the connection
+    (its replica never learnt it won the tick): started, heartbeat as of then."""
+    [(run_id,)] = sql(
+        dsn,
+        "INSERT INTO replicron_runs (namespace, job, scheduled_at, replica_id, heartbeat_at,"
+        " started_at, claim_token) VALUES ('', %s, %s, 'replica-a', now() - interval '10 s',"
+        " now() - interval '10 s', %s) RETURNING run_id",
+        [job, tick(n), token],
+    )
+    return int(run_id)
+
+
+def test_a_tick_whose_claim_answer_was_lost_is_recognised_and_refreshed(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            token = uuid.uuid4()
+            run_id = _insert_lost_claim(dsn, "cleanup", 1, token)
+            a._tokens[("cleanup", tick(1))] = token  # what the failed claim left behind
+            again = await claim(a, "cleanup", 1, lock=True)
+            assert (again.status, again.run_id, again.locked) == (CLAIMED, run_id, True)
+            [(age,)] = sql(
+                dsn,
+                "SELECT extract(epoch FROM now() - heartbeat_at) FROM replicron_runs"
+                " WHERE run_id = %s",
+                [run_id],
+            )
+            assert float(age) < 1.0  # its lease starts now, and so does its row's freshness
+            assert a._tokens == {}
+
+    asyncio.run(main())
+
+
+def test_a_lost_claim_is_recorded_when_its_tick_is_written_off_or_at_close(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            for n in (1, 2):
+                token = uuid.uuid4()
+                _insert_lost_claim(dsn, "cleanup", n, token)
+                a._tokens[("cleanup", tick(n))] = token
+            # Tick 1 is handled again after the failure and written off as missed.
+            missed = RunRecord("cleanup", tick(1), Outcome.MISSED, "replica-a", None, None,
+                               None, "the backend was unreachable")  # fmt: skip
+            assert await a.record_unclaimed([missed]) == [True]
+        # Tick 2 never came up again: the backend records it at close.
+
+    asyncio.run(main())
+    rows = sql(dsn, "SELECT scheduled_at, outcome, error FROM replicron_runs ORDER BY 1")
+    assert [(t, outcome) for t, outcome, _ in rows] == [(tick(1), "missed"), (tick(2), "missed")]
+    assert "answer was lost" in rows[1][2]
+
+
+def test_a_tick_not_yet_due_by_the_database_is_not_written_off(dsn: str) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            [(now,)] = sql(dsn, "SELECT clock_timestamp()")
+            ahead = RunRecord("cleanup", now + timedelta(seconds=30), Outcome.MISSED,
+                              "replica-a", None, None, None, "a later tick was due")  # fmt: skip
+            due = ahead._replace(scheduled_at=now - timedelta(seconds=30))
+            assert await a.record_unclaimed([ahead, due]) == [None, True]
+            assert sql(dsn, "SELECT count(*) FROM replicron_runs") == [(1,)]
 
     asyncio.run(main())

@@ -26,7 +26,7 @@ def test_the_offset_comes_from_the_sample_with_the_shortest_round_trip() -> None
     # The database is 30 s behind; slow round trips carry an error of up to half their length.
     estimator.add(T0 - timedelta(seconds=30) + timedelta(seconds=0.4), base, base + 1.0, 10, 11)
     estimator.add(T0 - timedelta(seconds=30), base - 0.001, base + 0.001, 20, 20.002)
-    estimator.add(T0 - timedelta(seconds=30) - timedelta(seconds=0.2), base, base + 0.5, 30, 30.5)
+    estimator.add(T0 - timedelta(seconds=30) + timedelta(seconds=0.1), base, base + 0.5, 30, 30.5)
     assert estimator.current is not None
     assert estimator.current.total_seconds() == pytest.approx(-30.0, abs=1e-6)
 
@@ -38,6 +38,20 @@ def test_old_samples_stop_counting_so_a_drifting_clock_is_followed() -> None:
     estimator.add(T0 + timedelta(seconds=2), base, base + 0.01, 100.0, 100.01)  # 100 s later
     assert estimator.current is not None
     assert estimator.current.total_seconds() == pytest.approx(2 - 0.005, abs=1e-6)
+
+
+def test_a_clock_step_is_followed_at_once_not_after_the_window() -> None:
+    estimator = OffsetEstimator(keep=16, window=300)
+    base = T0.timestamp()
+    for k in range(5):  # excellent samples: offset 0
+        estimator.add(T0 + timedelta(seconds=k), base + k, base + k + 0.001, k, k + 0.001)
+    assert estimator.current is not None
+    assert abs(estimator.current.total_seconds()) < 1e-3
+    # This replica's clock steps 30 s ahead: its wall clock reads 30 s more than before.
+    stepped = base + 10 + 30
+    estimator.add(T0 + timedelta(seconds=10), stepped, stepped + 0.02, 10, 10.02)
+    assert estimator.current is not None
+    assert estimator.current.total_seconds() == pytest.approx(-30.01, abs=1e-6)
 
 
 def test_the_cluster_clock_shifts_the_base_clock_by_the_current_offset() -> None:

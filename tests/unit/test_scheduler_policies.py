@@ -322,7 +322,7 @@ class FlakyBackend(MemoryBackend):
             raise ConnectionError("backend unreachable")
         return await super().claim(requests)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         if self.fail_records:
             self.fail_records -= 1
             raise ConnectionError("backend unreachable")
@@ -373,3 +373,33 @@ def test_a_tick_whose_claim_failed_runs_once_the_backend_answers(
         s.wait_idle()
     assert recorder.outcomes() == [(T[1], Outcome.SUCCEEDED)]  # run late, not dropped
     assert len(recorder.of("on_lock_error")) == 3
+
+
+class AheadOfTheBackend(MemoryBackend):
+    """The in-process backend answering, once, that the ticks to write off are not yet due by
+    its clock (as PostgreSQL does for a replica whose clock runs ahead)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: list[datetime] = []
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        if not self.refused:
+            self.refused = [r.scheduled_at for r in records]
+            return [None] * len(records)
+        return await super().record_unclaimed(records)
+
+
+def test_a_tick_the_backend_says_is_not_yet_due_is_claimed_again_not_written_off(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    backend = AheadOfTheBackend()
+    s = make(clock=clock, listeners=[recorder], backend=backend)
+    s.add_job(every(seconds=10), lambda: None, name="f")
+    clock.set(T[2])  # T[1] is coalesced into T[2]: the backend refuses to write it off
+    s.wait_idle()
+    assert backend.refused == [T[1]]
+    assert clock.next_deadline() == T[2] + timedelta(milliseconds=100)
+    clock.set(T[2] + timedelta(milliseconds=100))
+    s.wait_idle()
+    assert sorted(recorder.outcomes()) == [(T[1], Outcome.SUCCEEDED), (T[2], Outcome.SUCCEEDED)]

@@ -126,9 +126,10 @@ class Backend(Protocol):
         """Record how claimed ticks ended and, where ``unlock`` is set, drop their job's
         lock."""
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         """Record outcomes of ticks nobody ran (missed) unless another replica already
-        recorded the tick; True where this call recorded it."""
+        recorded the tick; True where this call recorded it, None where the tick is not yet
+        due by the coordinator's clock (nothing recorded: claim it when it is due)."""
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         """The latest tick of each job recorded by anybody (jobs never recorded are left

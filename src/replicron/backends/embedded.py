@@ -271,11 +271,11 @@ class EmbeddedBackend:
                 extra={"event": "lock_error", "replica": self.replica_id},
             )  # fmt: skip
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         if not records:
             return []
         ledger = self._require()
-        answers = []
+        answers: list[bool | None] = []
         seen: set[tuple[str, int]] = set()
         with ledger.write() as conn:
             for record in records:  # a record listed twice is recorded once: by its first mention

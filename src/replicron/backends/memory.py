@@ -164,8 +164,8 @@ class MemoryBackend:
                 if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
                     job.lock_replica = job.lock_run_id = None
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
-        done = []
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        done: list[bool | None] = []
         with self.state.lock:
             for record in records:
                 job = self.state.job(record.job)

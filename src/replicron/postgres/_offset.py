@@ -12,7 +12,11 @@ from collections import deque
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-__all__ = ["ClockSample", "OffsetEstimator"]
+__all__ = ["STEP_TOLERANCE", "ClockSample", "OffsetEstimator"]
+
+#: Seconds two samples may disagree beyond their round trips' error bounds before the clock is
+#: taken to have stepped (slack for both clocks' rates between samples).
+STEP_TOLERANCE = 0.05
 
 
 class ClockSample(NamedTuple):
@@ -27,7 +31,9 @@ class ClockSample(NamedTuple):
 class OffsetEstimator:
     """Keeps the last ``keep`` samples; the estimate is the offset of the sample with the
     shortest round trip among those younger than ``window`` seconds (the newest one if all
-    are older), so a slow round trip never moves it much and a drifting clock is followed."""
+    are older), so a slow round trip never moves it much and a drifting clock is followed. A
+    sample that contradicts the estimate beyond both error bounds means a clock stepped: the
+    older samples are dropped and the estimate follows at once."""
 
     def __init__(self, keep: int = 16, window: float = 300.0) -> None:
         self._samples: deque[ClockSample] = deque(maxlen=keep)
@@ -44,6 +50,13 @@ class OffsetEstimator:
         round_trip = max(0.0, received_mono - sent_mono)
         midpoint = sent_wall + (received_wall - sent_wall) / 2
         sample = ClockSample(database_time.timestamp() - midpoint, round_trip, received_mono)
+        best = self.best(received_mono)
+        if best is not None and abs(sample.offset - best.offset) > (
+            (sample.round_trip + best.round_trip) / 2 + STEP_TOLERANCE
+        ):
+            # The two cannot both be right: a clock stepped (NTP, a suspend, an operator).
+            # The older samples describe a clock that no longer exists.
+            self._samples.clear()
         self._samples.append(sample)
         best = self.best(received_mono)
         self.current = None if best is None else timedelta(seconds=best.offset)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import psycopg
+import psycopg.errors
 
 from replicron.errors import ReplicronError
 
@@ -45,6 +46,11 @@ class TransactionPoolerError(ReplicronError, RuntimeError):
 
 class _CannotConnect(BackendUnavailableError):
     """No session could be opened: retrying at once would only wait as long again."""
+
+
+class _RolledBack(BackendUnavailableError):
+    """The server rolled the statement back (a deadlock with another replica's claim): the
+    session is fine and the statement may run again."""
 
 
 class RoundTrip(NamedTuple):
@@ -108,12 +114,14 @@ class LockSession:
         statement_deadline: float,
         drop_after: float,
         on_lost: Callable[[], None],
+        session_pooler: bool = False,
     ) -> None:
         self.conninfo = conninfo
         self.application_name = application_name
         self.connect_timeout = connect_timeout
         self.statement_deadline = statement_deadline
         self.drop_after = drop_after
+        self.session_pooler = session_pooler
         self._on_lost = on_lost
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._serial = asyncio.Lock()
@@ -191,16 +199,25 @@ class LockSession:
     ) -> None:
         """Refuse a transaction pooler, which may run each statement on another server session.
 
-        A short-lived probe connection asks for its server session, in rounds of two kinds:
-        while the lock session is idle (connected directly, two client connections never share
-        a server session; a pooler hands the idle one to whoever asks next), and from inside a
-        transaction of its own, after which the lock session must still be on its server
-        session with the setting it made there (a pooler hands it the one just released). A
-        server session id that differs from the one the connection was opened with says that
-        something pools in between: then many rounds are run, since under load a transaction
-        pooler can pass one by chance.
+        Something that pools connections shows itself at once: the server session id it
+        announces when the connection opens (the cancel key) is its own, not the real one.
+        Which mode it pools in cannot be seen for certain, so a pooler is refused unless the
+        backend was told it runs in session mode (``session_pooler=True``); then, and for a
+        direct connection, a short-lived probe connection asks for its server session in
+        rounds of two kinds: while the lock session is idle (two client connections never
+        share a server session; a transaction pooler hands the idle one to whoever asks next),
+        and from inside a transaction of its own, after which the lock session must still be
+        on its server session with the setting it made there.
         """
         pooled = conn.info.backend_pid != pid
+        if pooled and not self.session_pooler:
+            raise TransactionPoolerError(
+                f"the connection goes through a connection pooler (it announced server session "
+                f"{conn.info.backend_pid}, the real one is {pid}). In transaction mode session "
+                "advisory locks do not hold, and the mode cannot be told for certain from here: "
+                "connect replicron directly to PostgreSQL, or, if the pooler runs in session "
+                "mode, say so with PostgresBackend(..., session_pooler=True)."
+            )
         probe = await self._open_connection("cannot open the pooler probe")
         try:
             for round_ in range(POOLED_PROBE_ROUNDS if pooled else 1):
@@ -215,11 +232,6 @@ class LockSession:
             raise BackendUnavailableError(f"cannot probe the lock session: {exc}") from exc
         finally:
             await _close_quietly(probe)
-        if pooled:
-            logger.warning(
-                "the lock session goes through a connection pooler; it kept one server session "
-                "in %d checks, as a pooler in session mode does", POOLED_PROBE_ROUNDS,
-            )  # fmt: skip
 
     async def _moves(
         self, conn: psycopg.AsyncConnection[Any], probe: psycopg.AsyncConnection[Any], pid: int,
@@ -256,7 +268,8 @@ class LockSession:
         except BackendUnavailableError as exc:
             if not retry or isinstance(exc, _CannotConnect):
                 raise
-            logger.warning("lost the lock session; retrying once on a new one")
+            if not isinstance(exc, _RolledBack):
+                logger.warning("lost the lock session; retrying once on a new one")
             return await self._fetch_once(query, params)
 
     async def _fetch_once(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -281,6 +294,8 @@ class LockSession:
                 )
             try:
                 rows = statement.result()
+            except psycopg.errors.TransactionRollback as exc:
+                raise _RolledBack(f"the server rolled the statement back: {exc}") from exc
             except psycopg.OperationalError as exc:
                 await self._drop()
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc

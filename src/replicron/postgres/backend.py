@@ -42,6 +42,8 @@ logger = logging.getLogger("replicron")
 #: How far ahead of the database's clock a tick may be claimed: room for the error of the
 #: measured offset, far less than any tick spacing.
 CLAIM_AHEAD = timedelta(milliseconds=250)
+#: Ticks whose claim failed, remembered with their claim tokens (the oldest are dropped).
+MAX_REMEMBERED_TOKENS = 100_000
 #: A replica whose clock is off the database's by more than this is warned about.
 OFFSET_WARNING = 1.0
 _STATUS = {
@@ -81,6 +83,7 @@ class PostgresBackend:
         stale_after: float | None = None,
         statement_timeout: float | None = None,
         fence_stale_holders: bool = False,
+        session_pooler: bool = False,
         retention: timedelta = timedelta(days=14),
         connect_timeout: float = 10.0,
     ) -> None:
@@ -106,6 +109,8 @@ class PostgresBackend:
                 f"(stale_after - heartbeat_interval = {self.lease:g} s)"
             )
         self.fence_stale_holders = fence_stale_holders
+        self.session_pooler = session_pooler
+        self._refusal: TransactionPoolerError | None = None  # a pooler showed itself: for good
         self.retention = retention
         self.connect_timeout = connect_timeout
         self.replica_id = ""
@@ -115,6 +120,9 @@ class PostgresBackend:
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
         self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
+        # Claim tokens of ticks whose claim (or miss record) failed: asked again with the same
+        # token, a tick whose row the failed try did insert is recognised as this replica's.
+        self._tokens: dict[tuple[str, datetime], uuid.UUID] = {}
         self._lease: Lease | None = None
         self._offsets = OffsetEstimator()
         self._offset_warned = False
@@ -156,6 +164,7 @@ class PostgresBackend:
             statement_deadline=self.statement_timeout,
             drop_after=self.stale_after,
             on_lost=self._session_lost,
+            session_pooler=self.session_pooler,
         )
         await self._session.connect()
         if self.migrate:
@@ -184,6 +193,9 @@ class PostgresBackend:
                            "tick": record.scheduled_at.isoformat(), "replica": self.replica_id},
                 )  # fmt: skip
             self._unwritten.clear()
+        if self._tokens and self._session is not None:
+            with contextlib.suppress(Exception):  # else the janitor records them abandoned
+                await asyncio.wait_for(self._close_lost_claims(), self.lease)
         if self._session is not None:
             await self._session.close()
         if self._lease is not None:
@@ -196,7 +208,9 @@ class PostgresBackend:
         for request in requests:
             unique.setdefault((request.job, request.scheduled_at.astimezone(UTC)), request)
         batch = list(unique.values())
-        rows = await self._fetch(
+        tokens = self._tokens_for(list(unique))
+        rows = await self._fetch_remembering(
+            list(unique),
             "claim",
             retry=True,  # the token makes a retry recognise the rows its first try inserted
             jobs=[r.job for r in batch],
@@ -204,10 +218,10 @@ class PostgresBackend:
             keys=[self.lock_key(r.job) for r in batch],
             locks=[r.lock for r in batch],
             replica=self.replica_id,
-            token=uuid.uuid4(),
+            tokens=tokens,
             ahead=CLAIM_AHEAD,
             stale_after=timedelta(seconds=self.stale_after),
-        )
+        )  # fmt: skip
         sent = self._sent_at()
         won: dict[tuple[str, datetime], tuple[Any, ...]] = {}
         for job, tick, run_id, status, blocker, stale, holder in rows:
@@ -313,6 +327,8 @@ class PostgresBackend:
             raise
         if self._session.generation != generation:
             unlocked = []  # retried on a new session: the locks had died with the old one
+        elif None in unlocked:
+            await self._moved()
         for job, key, released in zip(unlocking, unlock_keys, unlocked, strict=False):
             if released is False:
                 logger.error(
@@ -322,28 +338,65 @@ class PostgresBackend:
         for record, ok, before in zip(records, written, found, strict=True):
             _log_write(record, ok, before, self.replica_id)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         first: dict[tuple[str, datetime], RunRecord] = {}
         for record in records:
             first.setdefault((record.job, record.scheduled_at.astimezone(UTC)), record)
         unique = list(first.values())
-        rows = await self._fetch(
+        tokens = self._tokens_for(list(first))
+        rows = await self._fetch_remembering(
+            list(first),
             "record_unclaimed",
             retry=True,  # the token recognises what a first try recorded
             jobs=[r.job for r in unique],
             ticks=[r.scheduled_at for r in unique],
             outcomes=[r.outcome.value for r in unique],
             errors=[r.error for r in unique],
+            tokens=tokens,
             replica=self.replica_id,
-            token=uuid.uuid4(),
-        )
-        recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
-        answers = []
+            ahead=CLAIM_AHEAD,
+        )  # fmt: skip
+        found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
+        answers: list[bool | None] = []
         for record in records:  # a record listed twice is recorded once: by its first mention
-            key = (record.job, record.scheduled_at.astimezone(UTC))
-            answers.append(key in recorded)
-            recorded.discard(key)
+            what = found.pop((record.job, record.scheduled_at.astimezone(UTC)), None)
+            answers.append(None if what == "early" else what == "recorded")
         return answers
+
+    def _tokens_for(self, ticks: list[tuple[str, datetime]]) -> list[uuid.UUID]:
+        fresh = uuid.uuid4()
+        return [self._tokens.get(tick, fresh) for tick in ticks]
+
+    async def _fetch_remembering(
+        self, remembered: list[tuple[str, datetime]], name: str, **params: Any
+    ) -> list[Any]:
+        """Run a tick-writing statement; if it fails, remember each tick's token for the next
+        try (the failed one may have written rows); once it answers, forget them."""
+        try:
+            rows = await self._fetch(name, **params)
+        except BackendUnavailableError:
+            for tick, token in zip(remembered, params["tokens"], strict=True):
+                self._tokens.setdefault(tick, token)
+            while len(self._tokens) > MAX_REMEMBERED_TOKENS:
+                del self._tokens[next(iter(self._tokens))]
+            raise
+        for tick in remembered:
+            self._tokens.pop(tick, None)
+        return rows
+
+    async def _close_lost_claims(self) -> None:
+        rows = await self._fetch(
+            "close_lost_claims",
+            tokens=sorted(set(self._tokens.values()), key=str),
+            jobs=sorted({job for job, _ in self._tokens}),
+        )
+        for job, tick in rows:
+            logger.warning(
+                "job %r tick %s: its claim's answer was lost; recorded missed", job,
+                tick.isoformat(), extra={"event": "missed", "job": job,
+                                         "tick": tick.isoformat(), "replica": self.replica_id},
+            )  # fmt: skip
+        self._tokens.clear()
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))
@@ -484,13 +537,17 @@ class PostgresBackend:
 
     async def _moved(self) -> None:
         """A statement ran on another server session than the lock session's: a transaction
-        pooler is in between. Nothing was locked there; the session is given up."""
+        pooler is in between. Nothing was locked or unlocked there; the session is given up,
+        and every later statement is refused: coordination through it cannot be trusted."""
         if self._session is not None:
             self._session.invalidate()
-        raise TransactionPoolerError(
+        self._refusal = TransactionPoolerError(
             "a statement of the lock session ran on another server session: the connection "
-            "goes through a transaction pooler, where session advisory locks do not hold"
+            "goes through a transaction pooler, where session advisory locks do not hold; "
+            "this replica coordinates nothing more. Connect it directly to PostgreSQL."
         )
+        logger.error("%s", self._refusal, extra={"event": "lock_error", "replica": self.replica_id})
+        raise self._refusal
 
     def _unreachable(self) -> bool:
         session = self._session
@@ -505,6 +562,8 @@ class PostgresBackend:
         return self._session.last_round_trip.sent_mono
 
     async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
+        if self._refusal is not None:
+            raise self._refusal
         if self._session is None:
             raise BackendUnavailableError("the backend is not open")
         params.setdefault("namespace", self.namespace)

@@ -3,8 +3,8 @@
 
 -- name: claim
 -- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it
--- (or recognise the rows an earlier try of this same claim inserted, its reply lost with its
--- session: same claim token); then, for the ticks won that asked for it, take the job's
+-- (or recognise, and refresh, the rows an earlier try of this same claim inserted, its reply
+-- lost with its session: same claim token per tick); then, for the ticks won that asked for it, take the job's
 -- advisory lock, but only for the first such tick of a job in the batch, and only if no other
 -- started run of the job is still heartbeating (a run whose replica lost its lock may still be
 -- going). Nothing is inserted or locked on a server session other than the lock session's
@@ -16,8 +16,9 @@
 -- replica, whether its heartbeat is stale, and the server session holding the lock.
 WITH request AS MATERIALIZED (
     SELECT *
-    FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[])
-        WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, n)
+    FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[],
+                %(tokens)s::uuid[])
+        WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, token, n)
 ), session AS MATERIALIZED (
     SELECT (pg_backend_pid() = %(pid)s
             AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -27,16 +28,27 @@ WITH request AS MATERIALIZED (
         (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at, claim_token,
          lock_key, backend_pid)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(),
-           CASE WHEN want_lock THEN now() END, %(token)s::uuid, lock_key, pg_backend_pid()
+           CASE WHEN want_lock THEN now() END, token, lock_key, pg_backend_pid()
     FROM request, session
     WHERE session.ours AND request.scheduled_at <= session.claimable_until
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at
 ), earlier AS (
-    SELECT run.run_id, run.job, run.scheduled_at
-    FROM replicron_runs run JOIN request USING (job, scheduled_at)
-    WHERE run.namespace = %(namespace)s AND run.claim_token = %(token)s::uuid
-      AND run.outcome IS NULL
+    -- Its heartbeat is stamped anew: the run starts now, and its lease with this statement.
+    UPDATE replicron_runs run
+    SET heartbeat_at = now(), backend_pid = pg_backend_pid()
+    FROM (
+        SELECT found.run_id
+        FROM request CROSS JOIN LATERAL (
+            SELECT mine.run_id FROM replicron_runs mine
+            WHERE mine.namespace = %(namespace)s AND mine.job = request.job
+              AND mine.scheduled_at = request.scheduled_at AND mine.claim_token = request.token
+              AND mine.outcome IS NULL
+        ) AS found
+        WHERE (SELECT ours FROM session)
+    ) AS again
+    WHERE run.run_id = again.run_id
+    RETURNING run.run_id, run.job, run.scheduled_at
 ), won AS MATERIALIZED (
     SELECT mine.run_id, mine.job, mine.scheduled_at, request.lock_key, request.want_lock,
            row_number() OVER (PARTITION BY mine.job, request.want_lock
@@ -159,29 +171,60 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
              ORDER BY n) AS unlocked;
 
 -- name: record_unclaimed
--- Record ticks nobody ran (missed) unless a replica already has the tick. Returns the ticks
--- recorded by this call, or by an earlier try of it (same token) whose reply was lost.
+-- Record ticks nobody ran (missed) unless a replica already has the tick, but none not yet due
+-- by the database's clock ("early": this replica's clock runs ahead). A tick whose row this
+-- replica inserted with a claim whose answer was lost (same token, no outcome) gets the
+-- outcome. Returns each tick this call (or an earlier try of it) recorded, and each early one.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[],
-                %(errors)s::text[]) AS r(job, scheduled_at, outcome, error)
+                %(errors)s::text[], %(tokens)s::uuid[])
+        AS r(job, scheduled_at, outcome, error, token)
+), session AS MATERIALIZED (
+    SELECT clock_timestamp() + %(ahead)s::interval AS recordable_until
+), due AS MATERIALIZED (
+    SELECT request.* FROM request, session WHERE scheduled_at <= session.recordable_until
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
-    SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error,
-           %(token)s::uuid
-    FROM request
+    SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error, token
+    FROM due
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING job, scheduled_at
+), mine AS MATERIALIZED (  -- an index lookup per tick, never a scan of the history
+    SELECT due.job, due.scheduled_at, due.outcome AS new_outcome, due.error AS new_error,
+           found.run_id, found.outcome
+    FROM due CROSS JOIN LATERAL (
+        SELECT run.run_id, run.outcome FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = due.job
+          AND run.scheduled_at = due.scheduled_at AND run.claim_token = due.token
+    ) AS found
+), closed AS (
+    UPDATE replicron_runs run
+    SET outcome = mine.new_outcome, error = mine.new_error, finished_at = now(),
+        heartbeat_at = NULL
+    FROM mine
+    WHERE run.run_id = mine.run_id AND mine.outcome IS NULL
+    RETURNING run.job, run.scheduled_at
 )
-SELECT job, scheduled_at FROM inserted
+SELECT job, scheduled_at, 'recorded' FROM inserted
 UNION ALL
-SELECT request.job, request.scheduled_at
-FROM request CROSS JOIN LATERAL (  -- an index lookup per tick, never a scan of the history
-    SELECT 1 FROM replicron_runs run
-    WHERE run.namespace = %(namespace)s AND run.job = request.job
-      AND run.scheduled_at = request.scheduled_at AND run.claim_token = %(token)s::uuid
-) AS earlier;
+SELECT job, scheduled_at, 'recorded' FROM closed
+UNION ALL
+SELECT job, scheduled_at, 'recorded' FROM mine WHERE outcome IS NOT NULL
+UNION ALL
+SELECT job, scheduled_at, 'early' FROM request, session
+WHERE scheduled_at > session.recordable_until;
+
+-- name: close_lost_claims
+-- At shutdown: rows this replica inserted with claims whose answers were lost (it never ran
+-- them) are recorded missed rather than left open.
+UPDATE replicron_runs
+SET outcome = 'missed', finished_at = now(), heartbeat_at = NULL,
+    error = 'claimed, but the claim''s answer was lost with the connection; not run'
+WHERE namespace = %(namespace)s AND claim_token = ANY(%(tokens)s::uuid[]) AND outcome IS NULL
+  AND job = ANY(%(jobs)s::text[])
+RETURNING job, scheduled_at;
 
 -- name: heartbeat
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
