@@ -127,6 +127,8 @@ MODULES = [
     "replicron.postgres._session",
     "replicron.postgres._sql",
     "replicron.postgres._status",
+    "replicron.postgres._tokens",
+    "replicron.postgres._writes",
     "replicron.postgres.backend",
     "replicron.postgres.migrate",
     "replicron._observe",

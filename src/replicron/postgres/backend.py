@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,6 +32,8 @@ from ._offset import OffsetEstimator
 from ._session import BackendUnavailableError, LockSession, TransactionPoolerError
 from ._sql import queries
 from ._status import JobStatus, ReplicaStatus, job_status, replica_status
+from ._tokens import ClaimTokens
+from ._writes import log_unwritten, log_write
 from .migrate import migrate_session
 
 __all__ = ["JobStatus", "LockKeyCollisionError", "PostgresBackend", "ReplicaStatus"]
@@ -42,8 +43,6 @@ logger = logging.getLogger("replicron")
 #: How far ahead of the database's clock a tick may be claimed: room for the error of the
 #: measured offset, far less than any tick spacing.
 CLAIM_AHEAD = timedelta(milliseconds=250)
-#: Ticks whose claim failed, remembered with their claim tokens (the oldest are dropped).
-MAX_REMEMBERED_TOKENS = 100_000
 #: A replica whose clock is off the database's by more than this is warned about.
 OFFSET_WARNING = 1.0
 _STATUS = {
@@ -120,9 +119,7 @@ class PostgresBackend:
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
         self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
-        # Claim tokens of ticks whose claim (or miss record) failed: asked again with the same
-        # token, a tick whose row the failed try did insert is recognised as this replica's.
-        self._tokens: dict[tuple[str, datetime], uuid.UUID] = {}
+        self._tokens = ClaimTokens()  # of ticks whose claim (or miss record) failed
         self._lease: Lease | None = None
         self._offsets = OffsetEstimator()
         self._offset_warned = False
@@ -183,15 +180,7 @@ class PostgresBackend:
             with contextlib.suppress(Exception):  # one last try, bounded: shutdown goes on
                 await asyncio.wait_for(self._write_outcomes([]), self.lease)
             for release in self._unwritten:
-                record = release.record
-                logger.error(
-                    "job %r tick %s: could not record %s (run %s): the database is "
-                    "unreachable; the row goes stale and a janitor records it abandoned",
-                    record.job, record.scheduled_at.isoformat(), record.outcome.value,
-                    record.run_id,
-                    extra={"event": "lock_error", "job": record.job,
-                           "tick": record.scheduled_at.isoformat(), "replica": self.replica_id},
-                )  # fmt: skip
+                log_unwritten(release.record, self.replica_id)
             self._unwritten.clear()
         if self._tokens and self._session is not None:
             with contextlib.suppress(Exception):  # else the janitor records them abandoned
@@ -208,7 +197,7 @@ class PostgresBackend:
         for request in requests:
             unique.setdefault((request.job, request.scheduled_at.astimezone(UTC)), request)
         batch = list(unique.values())
-        tokens = self._tokens_for(list(unique))
+        tokens = self._tokens.for_ticks(list(unique))
         rows = await self._fetch_remembering(
             list(unique),
             "claim",
@@ -336,14 +325,14 @@ class PostgresBackend:
                     extra={"event": "lock_error", "job": job, "replica": self.replica_id},
                 )  # fmt: skip
         for record, ok, before in zip(records, written, found, strict=True):
-            _log_write(record, ok, before, self.replica_id)
+            log_write(record, ok, before, self.replica_id)
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         first: dict[tuple[str, datetime], RunRecord] = {}
         for record in records:
             first.setdefault((record.job, record.scheduled_at.astimezone(UTC)), record)
         unique = list(first.values())
-        tokens = self._tokens_for(list(first))
+        tokens = self._tokens.for_ticks(list(first))
         rows = await self._fetch_remembering(
             list(first),
             "record_unclaimed",
@@ -363,10 +352,6 @@ class PostgresBackend:
             answers.append(None if what == "early" else what == "recorded")
         return answers
 
-    def _tokens_for(self, ticks: list[tuple[str, datetime]]) -> list[uuid.UUID]:
-        fresh = uuid.uuid4()
-        return [self._tokens.get(tick, fresh) for tick in ticks]
-
     async def _fetch_remembering(
         self, remembered: list[tuple[str, datetime]], name: str, **params: Any
     ) -> list[Any]:
@@ -375,20 +360,16 @@ class PostgresBackend:
         try:
             rows = await self._fetch(name, **params)
         except BackendUnavailableError:
-            for tick, token in zip(remembered, params["tokens"], strict=True):
-                self._tokens.setdefault(tick, token)
-            while len(self._tokens) > MAX_REMEMBERED_TOKENS:
-                del self._tokens[next(iter(self._tokens))]
+            self._tokens.remember(remembered, params["tokens"])
             raise
-        for tick in remembered:
-            self._tokens.pop(tick, None)
+        self._tokens.forget(remembered)
         return rows
 
     async def _close_lost_claims(self) -> None:
         rows = await self._fetch(
             "close_lost_claims",
-            tokens=sorted(set(self._tokens.values()), key=str),
-            jobs=sorted({job for job, _ in self._tokens}),
+            tokens=self._tokens.tokens(),
+            jobs=self._tokens.jobs(),
         )
         for job, tick in rows:
             logger.warning(
@@ -568,22 +549,3 @@ class PostgresBackend:
             raise BackendUnavailableError("the backend is not open")
         params.setdefault("namespace", self.namespace)
         return await self._session.fetch(self._q[name], params, retry=retry)
-
-
-def _log_write(record: RunRecord, written: bool, before: str | None, replica: str) -> None:
-    """Say what an outcome write did when it was not simply the first outcome of its row."""
-    extra = {"event": "lock_error", "job": record.job, "tick": record.scheduled_at.isoformat(),
-             "replica": replica}  # fmt: skip
-    outcome = record.outcome.value
-    if written and before == "abandoned" and outcome != "abandoned":
-        logger.warning(
-            "job %r tick %s: replaced %r (written by a janitor while the run went on) with %r",
-            record.job, record.scheduled_at.isoformat(), before, outcome, extra=extra,
-        )  # fmt: skip
-    elif not written:
-        logger.error(
-            "job %r tick %s: outcome %r not written: %s", record.job,
-            record.scheduled_at.isoformat(), outcome,
-            "no row of this replica" if before is None else f"the row already says {before!r}",
-            extra=extra,
-        )  # fmt: skip

@@ -1,0 +1,53 @@
+"""Claim tokens remembered across a failed statement.
+
+A claim (or a miss record) whose answer was lost with the connection may have been committed.
+Asked again with the same token per tick, the statement recognises the rows its first try
+inserted as this replica's; a fresh token would find them "taken" and leave them open.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+__all__ = ["ClaimTokens", "Tick"]
+
+Tick = tuple[str, datetime]
+#: Ticks remembered at most (the oldest are dropped: a janitor records their rows in the end).
+MAX_REMEMBERED = 100_000
+
+
+class ClaimTokens:
+    def __init__(self, limit: int = MAX_REMEMBERED) -> None:
+        self._by_tick: dict[Tick, uuid.UUID] = {}
+        self._limit = limit
+
+    def __bool__(self) -> bool:
+        return bool(self._by_tick)
+
+    def for_ticks(self, ticks: Sequence[Tick]) -> list[uuid.UUID]:
+        """Each tick's remembered token, or one fresh token for the others."""
+        fresh = uuid.uuid4()
+        return [self._by_tick.get(tick, fresh) for tick in ticks]
+
+    def remember(self, ticks: Sequence[Tick], tokens: Sequence[uuid.UUID]) -> None:
+        """The statement failed: its rows may exist under these tokens."""
+        for tick, token in zip(ticks, tokens, strict=True):
+            self._by_tick.setdefault(tick, token)
+        while len(self._by_tick) > self._limit:
+            del self._by_tick[next(iter(self._by_tick))]
+
+    def forget(self, ticks: Sequence[Tick]) -> None:
+        """The statement answered: what it found settles these ticks."""
+        for tick in ticks:
+            self._by_tick.pop(tick, None)
+
+    def tokens(self) -> list[uuid.UUID]:
+        return sorted(set(self._by_tick.values()), key=str)
+
+    def jobs(self) -> list[str]:
+        return sorted({job for job, _ in self._by_tick})
+
+    def clear(self) -> None:
+        self._by_tick.clear()
