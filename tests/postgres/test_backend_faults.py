@@ -326,7 +326,7 @@ def test_a_tick_whose_claim_answer_was_lost_is_recognised_and_refreshed(dsn: str
         async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
             token = uuid.uuid4()
             run_id = _insert_lost_claim(dsn, "cleanup", 1, token)
-            a._tokens[("cleanup", tick(1))] = token  # what the failed claim left behind
+            a._tokens.remember([("cleanup", tick(1))], [token])  # what the failed claim left
             again = await claim(a, "cleanup", 1, lock=True)
             assert (again.status, again.run_id, again.locked) == (CLAIMED, run_id, True)
             [(age,)] = sql(
@@ -336,7 +336,7 @@ def test_a_tick_whose_claim_answer_was_lost_is_recognised_and_refreshed(dsn: str
                 [run_id],
             )
             assert float(age) < 1.0  # its lease starts now, and so does its row's freshness
-            assert a._tokens == {}
+            assert not a._tokens
 
     asyncio.run(main())
 
@@ -347,7 +347,7 @@ def test_a_lost_claim_is_recorded_when_its_tick_is_written_off_or_at_close(dsn: 
             for n in (1, 2):
                 token = uuid.uuid4()
                 _insert_lost_claim(dsn, "cleanup", n, token)
-                a._tokens[("cleanup", tick(n))] = token
+                a._tokens.remember([("cleanup", tick(n))], [token])
             # Tick 1 is handled again after the failure and written off as missed.
             missed = RunRecord("cleanup", tick(1), Outcome.MISSED, "replica-a", None, None,
                                None, "the backend was unreachable")  # fmt: skip
