@@ -20,18 +20,20 @@ from collections.abc import Sequence
 __all__ = ["NetworkNamespace", "NetworkNamespaceError"]
 
 _PARTITION_TABLE = "replicron_partition"
-_PARTITION_RULES = f"""
-table inet {_PARTITION_TABLE} {{
-    chain input {{
+_INPUT_CHAIN = """
+    chain input {
         type filter hook input priority 0; policy drop;
         iif "lo" accept
-    }}
-    chain output {{
+    }"""
+_OUTPUT_CHAIN = """
+    chain output {
         type filter hook output priority 0; policy drop;
         oif "lo" accept
-    }}
-}}
-"""
+    }"""
+_PARTITION_RULES = f"table inet {_PARTITION_TABLE} {{{_INPUT_CHAIN}{_OUTPUT_CHAIN}\n}}\n"
+#: Only what comes in is dropped: requests reach the server and are carried out, their
+#: answers are lost (a claim committed whose claimant never learns it won).
+_ANSWERS_LOST_RULES = f"table inet {_PARTITION_TABLE} {{{_INPUT_CHAIN}\n}}\n"
 
 
 class NetworkNamespaceError(RuntimeError):
@@ -121,11 +123,13 @@ class NetworkNamespace:
 
     # ---- faults ----------------------------------------------------------------------------
 
-    def partition(self) -> None:
-        """Drop every packet into and out of the namespace (loopback excepted)."""
+    def partition(self, *, answers_only: bool = False) -> None:
+        """Drop every packet into and out of the namespace (loopback excepted); with
+        ``answers_only``, only those coming in."""
         if self.partitioned:
             return
-        self.exec(["nft", "-f", "-"], stdin=_PARTITION_RULES)
+        rules = _ANSWERS_LOST_RULES if answers_only else _PARTITION_RULES
+        self.exec(["nft", "-f", "-"], stdin=rules)
         self.partitioned = True
 
     def heal(self) -> None:

@@ -16,6 +16,7 @@ import pytest
 from tests.faults.analysis import Analysis, Window
 from tests.faults.cluster import Database, PgCluster
 from tests.faults.fleet import Fleet
+from tests.faults.netns import NetworkNamespace
 
 Summary = Callable[[str], None]
 
@@ -114,6 +115,34 @@ def test_lock_session_terminated_while_idle_loses_no_tick(
         f"ticks not run={unrun} outcomes={outcomes(analysis)} exit={codes}"
     )
     assert unrun == 0, analysis.unrun
+
+
+@pytest.mark.timeout(120)
+def test_claims_whose_answers_are_lost_leave_no_open_row(
+    replicas: Fleet, netns: NetworkNamespace, summary: Summary
+) -> None:
+    """One replica; from just before a tick, the server's answers to it are dropped for 6 s
+    (its requests still arrive and commit). Claims it made but never heard back about must
+    end recorded, and the job must not stay blocked by them."""
+    replicas.start("r1", jobs=2, every_s=1, task_ms=100, in_namespace=True)
+    ready = replicas.wait_ready(["r1"])
+    start = ready["r1"] + 0.5
+    time.sleep(max(0.0, _next_whole_second_mono() - 0.03 - time.monotonic()))
+    netns.partition(answers_only=True)
+    cut = time.monotonic()
+    time.sleep(6)
+    netns.heal()
+    healed = time.monotonic()
+    window = Window.from_monotonic(start, healed + 4)
+    analysis, codes = finish(replicas, window)
+    after = [run for run in analysis.runs if run.start_mono > healed + 2]
+    lost = [row for row in analysis.ledger if row.error and "answer was lost" in row.error]
+    summary(
+        f"[answers to r1 lost for {healed - cut:.1f} s from a tick, one replica] {analysis} | "
+        f"runs from 2 s after the heal={len(after)} lost claims recorded={len(lost)} "
+        f"outcomes={outcomes(analysis)} exit={codes}"
+    )
+    assert len(after) >= 2 * 2, "the jobs did not run again after the answers came back"
 
 
 def _next_whole_second_mono() -> float:
