@@ -283,10 +283,10 @@ class PostgresBackend:
             )  # fmt: skip
 
     async def _write_outcomes(self, releases: Sequence[Release]) -> None:
-        unlock_keys, unlocking = [], []
+        unlock_keys, unlocking, unlocking_records = [], [], []
         batch = self._unwritten + list(releases)
         self._unwritten = []
-        for record, unlock in releases:
+        for record, unlock in batch:
             key = self.lock_key(record.job)
             # Unlock only a lock this session still holds for this run: after a lost session
             # the lock is gone, and another replica may hold the key now.
@@ -294,6 +294,7 @@ class PostgresBackend:
                 del self._held[key]
                 unlock_keys.append(key)
                 unlocking.append(record.job)
+                unlocking_records.append(record)
         records = [release.record for release in batch]
         assert self._session is not None
         generation = self._session.generation
@@ -312,7 +313,13 @@ class PostgresBackend:
                 unlock_keys=unlock_keys,
             )
         except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
-            self._unwritten = [Release(record, False) for record in records] + self._unwritten
+            kept = self._session.connected and self._session.generation == generation
+            if kept:  # the session lives on (the statement was rolled back): so do its locks
+                for key, record in zip(unlock_keys, unlocking_records, strict=True):
+                    self._held[key] = record.run_id  # type: ignore[assignment]
+            self._unwritten = [
+                Release(record, kept and record in unlocking_records) for record in records
+            ] + self._unwritten
             raise
         if self._session.generation != generation:
             unlocked = []  # retried on a new session: the locks had died with the old one
