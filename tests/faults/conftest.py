@@ -100,16 +100,21 @@ def pgbouncers(suite_dir: Path, pg: PgCluster, namespace: NetworkNamespace) -> I
     """pgbouncer in transaction mode and in session mode, both in front of ``pg``."""
     require("pgbouncer")
     listen = ["127.0.0.1", namespace.host_address]
-    modes: tuple[tuple[PoolMode, int], ...] = (("transaction", 56432), ("session", 56532))
+    modes: tuple[tuple[PoolMode, int, bool], ...] = (
+        ("transaction", 56432, False),
+        ("session", 56532, False),
+        ("transaction", 56632, True),
+    )
     started = []
     try:
-        for mode, preferred in modes:
+        for mode, preferred, round_robin in modes:
             bouncer = PgBouncer(
                 suite_dir,
                 pool_mode=mode,
                 port=free_port(preferred, listen),
                 server_port=pg.port,
                 listen=listen,
+                round_robin=round_robin,
             )
             bouncer.start()
             started.append(bouncer)

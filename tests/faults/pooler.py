@@ -42,13 +42,17 @@ class PgBouncer:
         port: int,
         server_port: int,
         listen: Sequence[str] = ("127.0.0.1",),
+        round_robin: bool = False,
         pgbouncer: str = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer",
     ) -> None:
         self.workdir, self.pool_mode, self.port = workdir, pool_mode, port
         self.server_port, self.listen, self.program = server_port, list(listen), pgbouncer
-        self.config = workdir / f"pgbouncer-{pool_mode}.ini"
-        self.log_path = workdir / f"pgbouncer-{pool_mode}.log"
-        self.pidfile = workdir / f"pgbouncer-{pool_mode}.pid"
+        # server_round_robin: idle server sessions handed out in turn, not the latest first.
+        self.round_robin = round_robin
+        name = f"pgbouncer-{pool_mode}{'-rr' if round_robin else ''}"
+        self.config = workdir / f"{name}.ini"
+        self.log_path = workdir / f"{name}.log"
+        self.pidfile = workdir / f"{name}.pid"
         self._proc: subprocess.Popen[bytes] | None = None
 
     def dsn(self, dbname: str, *, host: str = "127.0.0.1") -> str:
@@ -70,6 +74,7 @@ class PgBouncer:
             f"pool_mode = {self.pool_mode}\n"
             "max_client_conn = 200\n"
             "default_pool_size = 20\n"
+            f"server_round_robin = {int(self.round_robin)}\n"
             "admin_users = postgres\n"
             # psycopg and libpq send none of these, but other clients might.
             "ignore_startup_parameters = extra_float_digits,options\n"
@@ -128,10 +133,12 @@ class PgBouncer:
 
 @dataclass(frozen=True)
 class PgBouncers:
-    """The suite's two pgbouncers, one per pool mode."""
+    """The suite's pgbouncers: one per pool mode, and one more in transaction mode handing
+    out its idle server sessions in turn."""
 
     transaction: PgBouncer
     session: PgBouncer
+    transaction_round_robin: PgBouncer
 
     def __getitem__(self, mode: PoolMode) -> PgBouncer:
         return self.transaction if mode == "transaction" else self.session

@@ -95,19 +95,24 @@ def test_a_transaction_pooler_is_refused_every_time(
     applied = asyncio.run(asyncio.wait_for(migrate(pooled), 30))
     migrated = time.monotonic() - started
     alone = asyncio.run(try_open(pooled, 10))
-    # Told, wrongly, that it is a session pooler: the probe rounds still find it out.
+    # Told, wrongly, that it is a session pooler: the probe rounds still find it out, also
+    # when the pooler hands out its idle server sessions in turn.
     misdeclared = asyncio.run(try_open(pooled, 10, session_pooler=True))
+    round_robin = pgbouncers.transaction_round_robin.dsn(db.name)
+    misdeclared_rr = asyncio.run(try_open(round_robin, 10, session_pooler=True))
     with busy_clients(pooled):
         busy = asyncio.run(try_open(pooled, 30))
     leaked = db.advisory_locks()
     summary(
         f"[pgbouncer, transaction mode] migrate through it: {len(applied)} applied in "
         f"{migrated:.2f} s | a replica alone: {alone['refused']}/10 refused | declared a "
-        f"session pooler: {misdeclared['refused']}/10 refused | with 6 busy clients: "
+        f"session pooler: {misdeclared['refused']}/10 refused, with server_round_robin: "
+        f"{misdeclared_rr['refused']}/10 refused | with 6 busy clients: "
         f"{busy['refused']}/30 refused | advisory locks left={len(leaked)}"
     )
     assert alone == Counter(refused=10)
     assert misdeclared == Counter(refused=10)
+    assert misdeclared_rr == Counter(refused=10)
     assert busy == Counter(refused=30)
     assert leaked == []
 

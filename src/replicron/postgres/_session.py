@@ -32,8 +32,10 @@ __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPo
 logger = logging.getLogger("replicron")
 
 
-#: Probe rounds when something pools between the replica and PostgreSQL.
+#: Probe rounds when something pools between the replica and PostgreSQL, and statements of
+#: the probe per unpinned round (more than a pool has idle server sessions, as a rule).
 POOLED_PROBE_ROUNDS = 20
+PROBE_STATEMENTS = 25
 
 
 class BackendUnavailableError(ReplicronError, ConnectionError):
@@ -129,6 +131,7 @@ class LockSession:
         self._orphans: set[asyncio.Task[Any]] = set()  # statements given up on
         self.backend_pid: int | None = None
         self._token = ""  # a setting of the server session: statements check they run there
+        self._direct = True  # no pooler in between (the cancel key names the real session)
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
         self.last_round_trip: RoundTrip | None = None
         self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
@@ -210,6 +213,7 @@ class LockSession:
         on its server session with the setting it made there.
         """
         pooled = conn.info.backend_pid != pid
+        self._direct = not pooled
         if pooled and not self.session_pooler:
             raise TransactionPoolerError(
                 f"the connection goes through a connection pooler (it announced server session "
@@ -237,18 +241,23 @@ class LockSession:
         self, conn: psycopg.AsyncConnection[Any], probe: psycopg.AsyncConnection[Any], pid: int,
         token: str, *, pinned: bool,
     ) -> bool:  # fmt: skip
-        """One round of the probe: True when a pooler showed itself."""
+        """One round of the probe: True when a pooler showed itself. Unpinned, the probe asks
+        several times: a pooler handing out its idle server sessions in turn (round robin)
+        comes to the lock session's within as many statements as it has idle ones."""
         ours = "SELECT pg_backend_pid(), current_setting('replicron.session_token', true)"
         if pinned:
             await self._timed(probe.execute("BEGIN"))
-        cursor = await self._timed(probe.execute("SELECT pg_backend_pid()"))
-        probe_row = await cursor.fetchone()
+        probe_pids = []
+        for _ in range(1 if pinned or self._direct else PROBE_STATEMENTS):
+            cursor = await self._timed(probe.execute("SELECT pg_backend_pid()"))
+            probe_row = await cursor.fetchone()
+            assert probe_row is not None
+            probe_pids.append(probe_row[0])
         rows = [await (await self._timed(conn.execute(ours))).fetchone()]
         if pinned:
             await self._timed(probe.execute("COMMIT"))
             rows.append(await (await self._timed(conn.execute(ours))).fetchone())
-        assert probe_row is not None
-        return probe_row[0] == pid or any(row != (pid, token) for row in rows)
+        return pid in probe_pids or any(row != (pid, token) for row in rows)
 
     async def _timed(self, awaitable: Any) -> Any:
         return await asyncio.wait_for(awaitable, self.statement_deadline)
