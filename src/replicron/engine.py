@@ -104,6 +104,7 @@ class Engine(RunExecutor):
         # were not yet due).
         self._unhandled: dict[str, tuple[datetime, datetime]] = {}
         self._early: list[tuple[datetime, Tick]] = []
+        self._stepping: list[Tick] = []  # due and missed ticks of the step under way
         self._retry_at: datetime | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
 
@@ -153,7 +154,15 @@ class Engine(RunExecutor):
             return
         self._state = "stopping"
         self._poke()
-        await self._main  # it let the collector go as it ended
+        limit = self.stop_timeout if timeout is None else timeout
+        # The step under way ends soon, unless it waits on an unreachable backend: then it is
+        # cut short, and what it was handling is recorded below like any unhandled tick.
+        await asyncio.wait({self._main}, timeout=limit)
+        if not self._main.done():
+            self._main.cancel()
+            self._unhandle(self._stepping, self.clock.now())
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._main  # it let the collector go as it ended
         if self._prepare_handle is not None:
             self._prepare_handle.cancel()
             self._prepare_handle = None
@@ -164,12 +173,13 @@ class Engine(RunExecutor):
             if state.pending is not None:
                 self._record(state, state.pending, Outcome.MISSED, "scheduler shut down first")
                 state.pending = None
-        limit = self.stop_timeout if timeout is None else timeout
         if wait and self._active and _current.get(None) is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), limit)
         await self._abandon_active()
         await self._flush_releases()
+        if self._unhandled:
+            await self._record_unhandled_at_stop(limit)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=limit)
         await self.backend.close()
@@ -232,6 +242,7 @@ class Engine(RunExecutor):
         if self._unhandled:
             immediate += await self._resync(now, {tick.job for tick in decision.due})
         due = immediate + decision.due
+        self._stepping = due + decision.missed
         if due:
             if immediate:
                 due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
@@ -245,6 +256,7 @@ class Engine(RunExecutor):
             missed = self._record_missed(decision.missed, decision.truncated)
             if await self._guarded(missed, False, decision.missed) is False:
                 self._unhandle(decision.missed, now)
+        self._stepping = []
         self._expire(self.clock.now())
         with self._lock:
             wake_at = self._planner.wake_at()
@@ -257,6 +269,28 @@ class Engine(RunExecutor):
             if other is not None and (wake_at is None or other < wake_at):
                 wake_at = other
         return wake_at
+
+    async def _record_unhandled_at_stop(self, limit: float) -> None:
+        """Ticks whose handling failed with the backend, at shutdown: recorded missed if the
+        backend answers within ``limit`` seconds, else named in an ERROR record."""
+        unhandled, self._unhandled = self._unhandled, {}
+        ticks = [
+            Tick(name, tick)
+            for name, (first, last) in unhandled.items()
+            if (state := self._jobs.get(name)) is not None
+            for tick in resync_plan(
+                state.spec.trigger, first, last, first, "none", None, superseded=True
+            )[1]
+        ]
+        why = "the backend was unreachable when it fell due, and the scheduler shut down"
+        try:
+            await asyncio.wait_for(self._record_missed(ticks, set(), why), limit)
+        except Exception as exc:
+            listed = ", ".join(f"{job}@{tick.isoformat()}" for job, tick in ticks)
+            self.observer.log(
+                _ERROR, "lock_error", f"could not record {len(ticks)} unhandled ticks as "
+                f"missed before shutting down ({exc!r}): {listed}",
+            )  # fmt: skip
 
     def _retry_later(self, now: datetime) -> None:
         retry = now + timedelta(seconds=_RETRY_UNREACHABLE)

@@ -219,3 +219,35 @@ def _overwritten(replicas: Fleet) -> bool:
 
 def window_end(window: Window) -> float:
     return window.end.timestamp() - (time.time() - time.monotonic())
+
+
+@pytest.mark.timeout(120)
+def test_shutdown_while_cut_off_is_bounded(
+    replicas: Fleet, netns: NetworkNamespace, summary: Summary
+) -> None:
+    """SIGTERM reaches a replica that cannot reach PostgreSQL: it stops within its stop
+    timeout and a few seconds, whatever its pending statements and outcomes; the replica
+    that can reach it records every tick."""
+    stop_timeout = 3.0
+    replicas.start(
+        "r1", jobs=2, every_s=1, task_ms=100, in_namespace=True, stop_timeout=stop_timeout
+    )
+    replicas.start("r2", jobs=2, every_s=1, task_ms=100)
+    ready = replicas.wait_ready(["r1", "r2"])
+    time.sleep(max(0.0, max(ready.values()) + 2 - time.monotonic()))
+    netns.partition()
+    time.sleep(2.5)
+    asked = time.monotonic()
+    codes = replicas.stop(["r1"], timeout=60)
+    took = time.monotonic() - asked
+    netns.heal()
+    window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 1)
+    replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+    codes |= replicas.stop()
+    analysis = replicas.assert_invariants(window, leak_grace_s=10)
+    summary(
+        f"[SIGTERM to a replica cut off for 2.5 s, stop_timeout {stop_timeout:g} s] {analysis} "
+        f"| it exited {took:.1f} s after SIGTERM; exit={codes}"
+    )
+    assert codes == {"r1": 0, "r2": 0}
+    assert took < stop_timeout + 5

@@ -403,3 +403,19 @@ def test_a_tick_the_backend_says_is_not_yet_due_is_claimed_again_not_written_off
     clock.set(T[2] + timedelta(milliseconds=100))
     s.wait_idle()
     assert sorted(recorder.outcomes()) == [(T[1], Outcome.SUCCEEDED), (T[2], Outcome.SUCCEEDED)]
+
+
+def test_ticks_still_unhandled_at_shutdown_are_recorded_missed(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    backend = FlakyBackend()
+    backend.fail_records = 0
+    s = make(clock=clock, listeners=[recorder], backend=backend)
+    s.add_job(every(seconds=10), lambda: None, name="f")
+    clock.set(T[1])  # its claim fails; the retry would come a second later
+    s.wait_idle()
+    assert recorder.outcomes() == []
+    s.shutdown()
+    assert recorder.outcomes() == [(T[1], Outcome.MISSED)]
+    [missed] = recorder.of("on_missed")
+    assert "scheduler shut down" in (missed.detail or "")

@@ -14,7 +14,6 @@ is closed and never reused: its locks are gone with it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -348,8 +347,14 @@ class LockSession:
         async with self._serial:
             conn, self._conn = self._conn, None
             if conn is not None and not conn.closed:
-                with contextlib.suppress(psycopg.Error, TimeoutError):  # closing frees them too
-                    await self._timed(conn.execute("SELECT pg_advisory_unlock_all()"))
+                # Unlock at once where the server answers; where it does not, closing frees
+                # them too, once the server notices. Either way shutdown does not wait long.
+                unlock = asyncio.ensure_future(_rows(conn, "SELECT pg_advisory_unlock_all()", {}))
+                done, _ = await asyncio.wait({unlock}, timeout=min(1.0, self.statement_deadline))
+                if done:
+                    _consume(unlock)
+                else:
+                    await self._give_up(unlock)
                 await _close_quietly(conn)
         for orphan in list(self._orphans):
             orphan.cancel()

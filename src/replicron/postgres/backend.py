@@ -176,15 +176,12 @@ class PostgresBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeper
             self._housekeeper = None
-        if self._unwritten and self._session is not None:
+        if (self._unwritten or self._tokens) and not self._unreachable():
             with contextlib.suppress(Exception):  # one last try, bounded: shutdown goes on
-                await asyncio.wait_for(self._write_outcomes([]), self.lease)
-            for release in self._unwritten:
-                log_unwritten(release.record, self.replica_id)
-            self._unwritten.clear()
-        if self._tokens and self._session is not None:
-            with contextlib.suppress(Exception):  # else the janitor records them abandoned
-                await asyncio.wait_for(self._close_lost_claims(), self.lease)
+                await asyncio.wait_for(self._last_writes(), self.statement_timeout)
+        for release in self._unwritten:
+            log_unwritten(release.record, self.replica_id)
+        self._unwritten.clear()
         if self._session is not None:
             await self._session.close()
         if self._lease is not None:
@@ -371,6 +368,12 @@ class PostgresBackend:
             raise
         self._tokens.forget(remembered)
         return rows
+
+    async def _last_writes(self) -> None:
+        if self._unwritten:
+            await self._write_outcomes([])
+        if self._tokens:  # else a janitor records their rows abandoned
+            await self._close_lost_claims()
 
     async def _close_lost_claims(self) -> None:
         rows = await self._fetch(
