@@ -15,12 +15,13 @@ import logging
 import os
 from collections import deque
 from collections.abc import Awaitable, Sequence
-from datetime import datetime, timedelta, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any, Literal, TypeVar
 
 from ._collector import CollectorHold
 from ._observe import Observer
 from ._registry import JobState
+from ._retries import Retries
 from ._runs import Run, RunExecutor
 from ._workers import WorkerPool
 from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
@@ -46,11 +47,6 @@ _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
 #: ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
 _PREPARE_AHEAD = 10.0
-#: Seconds between tries to reach an unreachable backend again, and before asking again for a
-#: tick the backend said was not yet due by its clock.
-_RETRY_UNREACHABLE = 1.0
-_RETRY_EARLY = 0.1
-_EPSILON = timedelta(microseconds=1)
 
 
 class Engine(RunExecutor):
@@ -102,10 +98,8 @@ class Engine(RunExecutor):
         # Ticks whose handling failed with the backend (job -> first and last such tick),
         # handled again once it answers; ticks to claim again (the backend's clock said they
         # were not yet due).
-        self._unhandled: dict[str, tuple[datetime, datetime]] = {}
-        self._early: list[tuple[datetime, Tick]] = []
+        self._retries = Retries()
         self._stepping: list[Tick] = []  # due and missed ticks of the step under way
-        self._retry_at: datetime | None = None
         self.observer = Observer(replica_id, listeners, self._spawn)
 
     # ---- life cycle (on the loop) ------------------------------------------------------
@@ -160,7 +154,7 @@ class Engine(RunExecutor):
         await asyncio.wait({self._main}, timeout=limit)
         if not self._main.done():
             self._main.cancel()
-            self._unhandle(self._stepping, self.clock.now())
+            self._retries.unhandle(self._stepping, self.clock.now())
             with contextlib.suppress(asyncio.CancelledError):
                 await self._main  # it let the collector go as it ended
         if self._prepare_handle is not None:
@@ -178,7 +172,7 @@ class Engine(RunExecutor):
                 await asyncio.wait_for(self._idle.wait(), limit)
         await self._abandon_active()
         await self._flush_releases()
-        if self._unhandled:
+        if self._retries.unhandled:
             await self._record_unhandled_at_stop(limit)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=limit)
@@ -225,21 +219,20 @@ class Engine(RunExecutor):
             decision = self._planner.decide(now)
             immediate, self._immediate = self._immediate, []
             catch_up, self._catch_up_needed = self._catch_up_needed, []
-        if self._early:
-            immediate += self._early_due(now)
+        immediate += self._retries.early_due(now)
         # Each step is guarded on its own: a backend failure must not stop the scheduler,
         # and failing to record a miss must not keep due ticks from running. What failed is
         # handled again once the backend answers: no tick is dropped with a failed statement.
-        self._retry_at = None
+        self._retries.new_step()
         if catch_up:
             found = await self._guarded(self._catch_up(catch_up, now), None, [])
             if found is None:
                 with self._lock:
                     self._catch_up_needed.extend(catch_up)
-                self._retry_later(now)
+                self._retries.retry_backend(now)
             else:
                 immediate += found
-        if self._unhandled:
+        if self._retries.unhandled:
             immediate += await self._resync(now, {tick.job for tick in decision.due})
         due = immediate + decision.due
         self._stepping = due + decision.missed
@@ -249,31 +242,26 @@ class Engine(RunExecutor):
             self._hold_collector()
             try:
                 if await self._guarded(self._dispatch(due), False, due) is False:
-                    self._unhandle(due, now)
+                    self._retries.unhandle(due, now)
             finally:
                 self._release_collector_once_started()
         if decision.missed:
             missed = self._record_missed(decision.missed, decision.truncated)
             if await self._guarded(missed, False, decision.missed) is False:
-                self._unhandle(decision.missed, now)
+                self._retries.unhandle(decision.missed, now)
         self._stepping = []
         self._expire(self.clock.now())
         with self._lock:
             wake_at = self._planner.wake_at()
         self._prepare_soon(wake_at)
-        for other in (
-            self._deadlines[0][0] if self._deadlines else None,
-            self._early[0][0] if self._early else None,
-            self._retry_at,
-        ):
-            if other is not None and (wake_at is None or other < wake_at):
-                wake_at = other
-        return wake_at
+        if self._deadlines and (wake_at is None or self._deadlines[0][0] < wake_at):
+            wake_at = self._deadlines[0][0]
+        return self._retries.wake_at(wake_at)
 
     async def _record_unhandled_at_stop(self, limit: float) -> None:
         """Ticks whose handling failed with the backend, at shutdown: recorded missed if the
         backend answers within ``limit`` seconds, else named in an ERROR record."""
-        unhandled, self._unhandled = self._unhandled, {}
+        unhandled = self._retries.take_unhandled()
         ticks = [
             Tick(name, tick)
             for name, (first, last) in unhandled.items()
@@ -292,21 +280,10 @@ class Engine(RunExecutor):
                 f"missed before shutting down ({exc!r}): {listed}",
             )  # fmt: skip
 
-    def _retry_later(self, now: datetime) -> None:
-        retry = now + timedelta(seconds=_RETRY_UNREACHABLE)
-        if self._retry_at is None or retry < self._retry_at:
-            self._retry_at = retry
-
-    def _unhandle(self, ticks: list[Tick], now: datetime) -> None:
-        """The backend failed with these ticks: remember them, to be run or recorded missed
-        (by the job's catch-up policy) once it answers again."""
-        for job, tick in ticks:
-            first, last = self._unhandled.get(job, (tick, tick))
-            self._unhandled[job] = (min(first, tick), max(last, tick))
-        self._retry_later(now)
-
     async def _resync(self, now: datetime, due_now: set[str]) -> list[Tick]:
-        unhandled, self._unhandled = self._unhandled, {}
+        """Ticks whose handling failed, now that the backend may answer: handled like ticks
+        missed while no replica was up (see ``resync_plan``)."""
+        unhandled = self._retries.take_unhandled()
         runs: list[Tick] = []
         missed: list[Tick] = []
         for name, (first, last) in unhandled.items():
@@ -326,7 +303,7 @@ class Engine(RunExecutor):
         if missed:
             why = "the backend was unreachable when it fell due"
             if await self._guarded(self._record_missed(missed, set(), why), False, missed) is False:
-                self._unhandle(missed + runs, now)
+                self._retries.unhandle(missed + runs, now)
                 return []
         if runs or missed:
             self.observer.log(
@@ -335,11 +312,6 @@ class Engine(RunExecutor):
                 "missed (by each job's catch_up and misfire_grace)",
             )  # fmt: skip
         return runs
-
-    def _early_due(self, now: datetime) -> list[Tick]:
-        due = [tick for at, tick in self._early if at <= now]
-        self._early = [(at, tick) for at, tick in self._early if at > now]
-        return due
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:
         """Plan the next instant's ticks while idle: soon but not at once, since the runs just
@@ -457,7 +429,7 @@ class Engine(RunExecutor):
             if ours:
                 self._report(record, self._jobs.get(record.job), detail=why)
             elif ours is None:  # not yet due by the backend's clock (ours runs ahead): claim
-                self._retry_early(Tick(record.job, record.scheduled_at), self.clock.now())
+                self._retries.early(Tick(record.job, record.scheduled_at), self.clock.now())
         for name in truncated:
             self.observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
 
@@ -529,7 +501,7 @@ class Engine(RunExecutor):
                 _DEBUG, "early", "not yet due by the backend's clock; asking again shortly",
                 claim.job, claim.scheduled_at,
             )  # fmt: skip
-            self._retry_early(Tick(claim.job, claim.scheduled_at), now)
+            self._retries.early(Tick(claim.job, claim.scheduled_at), now)
         elif action == "run":
             self._start(state, claim, now)
         elif action == "skip":
@@ -542,9 +514,3 @@ class Engine(RunExecutor):
             if state.pending is not None:
                 self._record(state, state.pending, Outcome.MISSED, "a later tick was queued")
             state.pending = claim
-
-    def _retry_early(self, tick: Tick, now: datetime) -> None:
-        """Ask for the tick again shortly: it is not due yet by the backend's clock."""
-        self._early.append((now + timedelta(seconds=_RETRY_EARLY), tick))
-        self._early.sort(key=lambda entry: entry[0])
-        self._poke()

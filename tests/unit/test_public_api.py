@@ -135,6 +135,7 @@ MODULES = [
     "replicron._registry",
     "replicron._demo_replica",
     "replicron.demo",
+    "replicron._retries",
     "replicron._runs",
     "replicron._workers",
     "replicron.backends",
