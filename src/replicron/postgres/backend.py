@@ -510,12 +510,12 @@ class PostgresBackend:
             "take their jobs over", self.lease, run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )  # fmt: skip
-        if self._session is not None:
-            self._session.invalidate()  # their locks must not outlive them
         expired = set(run_ids)
         for key in [key for key, run in self._held.items() if run in expired]:
             del self._held[key]
         self._on_lock_lost(run_ids)
+        if self._session is not None:
+            self._session.invalidate()  # their locks must not outlive them (nor the others')
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
