@@ -2,18 +2,18 @@
 -- up to the next such line is the query. Parameters use psycopg's %(name)s style.
 
 -- name: claim
--- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it
--- (or recognise, and refresh, the rows an earlier try of this same claim inserted, its reply
--- lost with its session: same claim token per tick); then, for the ticks won that asked for it, take the job's
--- advisory lock, but only for the first such tick of a job in the batch, and only if no other
+-- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it (or
+-- recognise, and refresh, the rows an earlier try of this same claim inserted, its reply lost with
+-- its session: same claim token per tick); then, for the ticks won that asked for it, take the
+-- job's advisory lock, but only for the first such tick of a job in the batch, and only if no other
 -- started run of the job is still heartbeating (a run whose replica lost its lock may still be
--- going). Nothing is inserted or locked on a server session other than the lock session's
--- (a transaction pooler moved the statement), and no tick is claimed before it is due by the
--- database's clock (within the claim-ahead margin). CASE fixes the evaluation order, so a lock
--- is never taken and then forgotten. A tick asking for the lock is inserted as started: if it
--- is refused, it counts as running until it is recorded skipped_overlap, which the claimant
--- does at once. For a refused lock, the freshest other open run of the job is returned: its
--- replica, whether its heartbeat is stale, and the server session holding the lock.
+-- going). Nothing is inserted or locked on a server session other than the lock session's (a
+-- transaction pooler moved the statement), and no tick is claimed before it is due by the
+-- database's clock (within the claim-ahead margin). CASE fixes the evaluation order, so a lock is
+-- never taken and then forgotten. A tick asking for the lock is inserted as started: if it is
+-- refused, it counts as running until it is recorded skipped_overlap, which the claimant does at
+-- once. For a refused lock, the freshest other open run of the job is returned: its replica,
+-- whether its heartbeat is stale, and the server session holding the lock.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[],
