@@ -14,12 +14,13 @@ is closed and never reused: its locks are gone with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -29,6 +30,7 @@ from replicron.errors import ReplicronError
 __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
 
 logger = logging.getLogger("replicron")
+T = TypeVar("T")
 
 
 #: Probe rounds when something pools between the replica and PostgreSQL, and statements of
@@ -127,7 +129,7 @@ class LockSession:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._serial = asyncio.Lock()
         self._invalid = False
-        self._orphans: set[asyncio.Task[Any]] = set()  # statements given up on
+        self._orphans: set[asyncio.Future[Any]] = set()  # statements given up on
         self.backend_pid: int | None = None
         self._token = ""  # a setting of the server session: statements check they run there
         self._direct = True  # no pooler in between (the cancel key names the real session)
@@ -258,8 +260,23 @@ class LockSession:
             rows.append(await (await self._timed(conn.execute(ours))).fetchone())
         return pid in probe_pids or any(row != (pid, token) for row in rows)
 
-    async def _timed(self, awaitable: Any) -> Any:
-        return await asyncio.wait_for(awaitable, self.statement_deadline)
+    async def _timed(self, awaitable: Awaitable[T]) -> T:
+        return await self._within(awaitable, self.statement_deadline)
+
+    async def _within(self, awaitable: Awaitable[T], deadline: float) -> T:
+        """Await a statement for at most ``deadline`` seconds (TimeoutError past it). A
+        statement given up on, or whose caller is cancelled, is abandoned at once: its
+        connection's state is unknown from then on."""
+        statement = asyncio.ensure_future(awaitable)
+        try:
+            done, _ = await asyncio.wait({statement}, timeout=deadline)
+        except asyncio.CancelledError:
+            await self._abandon(statement)
+            raise
+        if not done:
+            await self._abandon(statement)
+            raise TimeoutError(f"no answer within {deadline:g} s")
+        return statement.result()
 
     async def fetch(
         self, query: str, params: Mapping[str, Any], *, retry: bool = False
@@ -289,19 +306,14 @@ class LockSession:
             # move them): the session they are for is the one they are sent on.
             params = {**params, "pid": self.backend_pid, "session_token": self._token}
             sent_wall, sent_mono = time.time(), time.monotonic()
-            statement = asyncio.ensure_future(_rows(conn, query, params))
             try:
-                done, _ = await asyncio.wait({statement}, timeout=self.statement_deadline)
+                rows = await self._timed(_rows(conn, query, params))
             except asyncio.CancelledError:
-                await self._give_up(statement)
+                await self._drop()
                 raise
-            if not done:
-                await self._give_up(statement)
-                raise BackendUnavailableError(
-                    f"the lock session gave no answer within {self.statement_deadline:g} s"
-                )
-            try:
-                rows = statement.result()
+            except TimeoutError as exc:
+                await self._drop()
+                raise BackendUnavailableError(f"the lock session gave {exc}") from exc
             except psycopg.errors.TransactionRollback as exc:
                 raise _RolledBack(f"the server rolled the statement back: {exc}") from exc
             except psycopg.OperationalError as exc:
@@ -310,10 +322,10 @@ class LockSession:
             self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
             return rows
 
-    async def _give_up(self, statement: asyncio.Task[Any]) -> None:
-        """Abandon a statement whose answer did not come: its session's state is unknown.
-        psycopg answers a first cancellation by asking the server to cancel the query (which
-        may hang as well) and a second one by closing the connection."""
+    async def _abandon(self, statement: asyncio.Future[Any]) -> None:
+        """Stop waiting for a statement whose answer did not come. psycopg answers a first
+        cancellation by asking the server to cancel the query (which may hang as well) and a
+        second one by closing the connection."""
         statement.cancel()
         await asyncio.sleep(0)
         statement.cancel()
@@ -322,7 +334,6 @@ class LockSession:
             self._orphans.add(statement)
             statement.add_done_callback(self._orphans.discard)
         statement.add_done_callback(_consume)
-        await self._drop()
 
     def invalidate(self) -> None:
         """Give the session up as soon as no statement is using it (the lease ran out): a
@@ -349,12 +360,9 @@ class LockSession:
             if conn is not None and not conn.closed:
                 # Unlock at once where the server answers; where it does not, closing frees
                 # them too, once the server notices. Either way shutdown does not wait long.
-                unlock = asyncio.ensure_future(_rows(conn, "SELECT pg_advisory_unlock_all()", {}))
-                done, _ = await asyncio.wait({unlock}, timeout=min(1.0, self.statement_deadline))
-                if done:
-                    _consume(unlock)
-                else:
-                    await self._give_up(unlock)
+                unlock = _rows(conn, "SELECT pg_advisory_unlock_all()", {})
+                with contextlib.suppress(psycopg.Error, TimeoutError):
+                    await self._within(unlock, min(1.0, self.statement_deadline))
                 await _close_quietly(conn)
         for orphan in list(self._orphans):
             orphan.cancel()
@@ -376,6 +384,6 @@ async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
         logger.debug("closing a broken connection failed", exc_info=True)
 
 
-def _consume(task: asyncio.Task[Any]) -> None:
+def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
