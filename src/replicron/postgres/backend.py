@@ -280,7 +280,7 @@ class PostgresBackend:
             )  # fmt: skip
 
     async def _write_outcomes(self, releases: Sequence[Release]) -> None:
-        unlock_keys, unlocking, unlocking_records = [], [], []
+        unlock_keys, unlocking = [], []
         batch = self._unwritten + list(releases)
         self._unwritten = []
         for record, unlock in batch:
@@ -290,8 +290,7 @@ class PostgresBackend:
             if unlock and self._held.get(key, -1) == record.run_id:
                 del self._held[key]
                 unlock_keys.append(key)
-                unlocking.append(record.job)
-                unlocking_records.append(record)
+                unlocking.append(record)
         records = [release.record for release in batch]
         assert self._session is not None
         generation = self._session.generation
@@ -312,21 +311,21 @@ class PostgresBackend:
         except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
             kept = self._session.connected and self._session.generation == generation
             if kept:  # the session lives on (the statement was rolled back): so do its locks
-                for key, record in zip(unlock_keys, unlocking_records, strict=True):
+                for key, record in zip(unlock_keys, unlocking, strict=True):
                     self._held[key] = record.run_id  # type: ignore[assignment]
             self._unwritten = [
-                Release(record, kept and record in unlocking_records) for record in records
+                Release(record, kept and record in unlocking) for record in records
             ] + self._unwritten
             raise
         if self._session.generation != generation:
             unlocked = []  # retried on a new session: the locks had died with the old one
         elif None in unlocked:
             await self._moved()
-        for job, key, released in zip(unlocking, unlock_keys, unlocked, strict=False):
+        for record, key, released in zip(unlocking, unlock_keys, unlocked, strict=False):
             if released is False:
                 logger.error(
-                    "job %r: advisory lock %s was not held at unlock", job, key,
-                    extra={"event": "lock_error", "job": job, "replica": self.replica_id},
+                    "job %r: advisory lock %s was not held at unlock", record.job, key,
+                    extra={"event": "lock_error", "job": record.job, "replica": self.replica_id},
                 )  # fmt: skip
         for record, ok, before in zip(records, written, found, strict=True):
             log_write(record, ok, before, self.replica_id)
@@ -441,8 +440,7 @@ class PostgresBackend:
         present = {(k - (1 << 64)) if k >= 1 << 63 else k for k in held}
         lost = [run for key, run in self._held.items() if key not in present or run in gone]
         if lost:
-            for key in [key for key, run in self._held.items() if run in lost]:
-                del self._held[key]
+            self._forget_locks(lost)
             self._lose(lost)
 
     async def _sample_clock(self) -> None:
@@ -452,15 +450,13 @@ class PostgresBackend:
     def _clock_sample(self, db_now: datetime) -> None:
         assert self._session is not None
         assert self._session.last_round_trip is not None
-        sample = self._offsets.add(db_now, *self._session.last_round_trip)
-        best = self._offsets.best(sample.taken_at)
-        if best is None:
-            return
-        off = abs(best.offset) > OFFSET_WARNING
+        self._offsets.add(db_now, *self._session.last_round_trip)
+        ahead = -self._offsets.current.total_seconds() if self._offsets.current else 0.0
+        off = abs(ahead) > OFFSET_WARNING
         if off and not self._offset_warned:
             logger.warning(
                 "this replica's clock is %+.3f s off the database's; replicron schedules on "
-                "the database's clock, but fix the host's time synchronisation", -best.offset,
+                "the database's clock, but fix the host's time synchronisation", ahead,
                 extra={"event": "clock_offset", "replica": self.replica_id},
             )  # fmt: skip
         self._offset_warned = off
@@ -510,12 +506,16 @@ class PostgresBackend:
             "take their jobs over", self.lease, run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )  # fmt: skip
-        expired = set(run_ids)
-        for key in [key for key, run in self._held.items() if run in expired]:
-            del self._held[key]
+        self._forget_locks(run_ids)
         self._on_lock_lost(run_ids)
         if self._session is not None:
             self._session.invalidate()  # their locks must not outlive them (nor the others')
+
+    def _forget_locks(self, run_ids: list[int]) -> None:
+        """These runs' locks are gone (or about to be): this session unlocks none of them."""
+        ended = set(run_ids)
+        for key in [key for key, run in self._held.items() if run in ended]:
+            del self._held[key]
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
