@@ -31,7 +31,7 @@ from .errors import (
     SchedulerClosedError,
 )
 from .events import Listener, Outcome
-from .planner import Tick, catch_up_plan, overlap_action, resync_plan
+from .planner import Tick, catch_up_plan, overlap_action, resync_plan, ticks_from
 
 __all__ = ["Engine"]
 
@@ -95,9 +95,6 @@ class Engine(RunExecutor):
         self._collector = CollectorHold(defer_gc)
         self._collector_limit: asyncio.TimerHandle | None = None
         self._started_async = False
-        # Ticks whose handling failed with the backend (job -> first and last such tick),
-        # handled again once it answers; ticks to claim again (the backend's clock said they
-        # were not yet due).
         self._retries = Retries()
         self._stepping: list[Tick] = []  # due and missed ticks of the step under way
         self.observer = Observer(replica_id, listeners, self._spawn)
@@ -266,9 +263,7 @@ class Engine(RunExecutor):
             Tick(name, tick)
             for name, (first, last) in unhandled.items()
             if (state := self._jobs.get(name)) is not None
-            for tick in resync_plan(
-                state.spec.trigger, first, last, first, "none", None, superseded=True
-            )[1]
+            for tick in ticks_from(state.spec.trigger, first, last)
         ]
         why = "the backend was unreachable when it fell due, and the scheduler shut down"
         try:

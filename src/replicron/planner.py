@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
@@ -24,6 +25,7 @@ __all__ = [
     "latest_due",
     "overlap_action",
     "resync_plan",
+    "ticks_from",
 ]
 
 #: How many consecutive missed ticks of one job are enumerated (and recorded) one by one;
@@ -290,14 +292,8 @@ def resync_plan(
     """Ticks from ``first`` to ``last`` whose handling failed (the backend was unreachable),
     handled like ticks missed while no replica was up: returns (ticks to run now, ticks to
     record as missed). ``superseded``: a later tick of the job is due now, so none of these
-    runs (it coalesces them). At most :data:`MAX_ENUMERATED_TICKS` are listed, the latest."""
-    ticks: list[datetime] = []
-    current: datetime | None = first
-    while current is not None and current <= last:
-        ticks.append(current)
-        if len(ticks) > MAX_ENUMERATED_TICKS:
-            del ticks[0]
-        current = trigger.next_after(current)
+    runs (it coalesces them)."""
+    ticks = ticks_from(trigger, first, last)
     if not ticks or superseded or policy == "none":
         return [], ticks
     if policy == "all":
@@ -306,6 +302,17 @@ def resync_plan(
     if grace is not None and now - latest > grace:
         return [], ticks
     return [latest], ticks[:-1]
+
+
+def ticks_from(trigger: Trigger, first: datetime, last: datetime) -> list[datetime]:
+    """The trigger's ticks from ``first`` (one of them) to ``last``, both included; at most
+    the latest :data:`MAX_ENUMERATED_TICKS`."""
+    ticks: deque[datetime] = deque(maxlen=MAX_ENUMERATED_TICKS)
+    current: datetime | None = first
+    while current is not None and current <= last:
+        ticks.append(current)
+        current = trigger.next_after(current)
+    return list(ticks)
 
 
 def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:

@@ -10,7 +10,7 @@ import pytest
 
 from replicron import every
 from replicron.clock import ClusterClock
-from replicron.planner import resync_plan
+from replicron.planner import MAX_ENUMERATED_TICKS, resync_plan, ticks_from
 from replicron.postgres._lease import Lease
 from replicron.postgres._offset import OffsetEstimator
 from replicron.testing import FakeClock
@@ -87,6 +87,18 @@ def test_ticks_whose_handling_failed_follow_the_catch_up_policy(
         grace, superseded,
     )  # fmt: skip
     assert found == ([tick[n] for n in run], [tick[n] for n in missed])
+
+
+def test_ticks_from_lists_both_ends_and_keeps_the_latest_when_there_are_too_many() -> None:
+    trigger = every(seconds=1)
+    assert ticks_from(trigger, T0, T0 + 2 * timedelta(seconds=1)) == [
+        T0 + timedelta(seconds=n) for n in range(3)
+    ]
+    last = T0 + timedelta(seconds=MAX_ENUMERATED_TICKS + 10)
+    many = ticks_from(trigger, T0, last)
+    assert len(many) == MAX_ENUMERATED_TICKS
+    assert many[-1] == last
+    assert many[0] == last - timedelta(seconds=MAX_ENUMERATED_TICKS - 1)
 
 
 def test_the_lease_expires_from_the_last_proof_of_life_that_was_sent() -> None:
