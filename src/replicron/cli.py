@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from ._dsn import mask_dsn
-from ._tz import UTC, resolve_zone
+from ._schedule.tz import UTC, resolve_zone
 from .errors import ReplicronError
 from .triggers import cron, upcoming
 
@@ -160,7 +160,7 @@ def _iso(instant: datetime | None) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ._demo.parent import run_demo
 
     return run_demo(args.seconds, args.replicas, args.database_url, args.keep)
 

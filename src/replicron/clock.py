@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from ._tz import UTC
+from ._schedule.tz import UTC
 
 __all__ = ["Clock", "ClusterClock", "SystemClock"]
 

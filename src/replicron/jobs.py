@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
 
+from ._engine.planner import CatchUp, OverlapPolicy
 from .errors import InvalidJobArgumentsError, InvalidJobNameError, InvalidJobOptionError
 from .events import RunEvent
 from .keys import check_job_name
-from .planner import CatchUp, OverlapPolicy
 from .triggers import IntervalTrigger, OneTimeTrigger, Trigger, WallClockTrigger, require_aware
 
 if TYPE_CHECKING:
-    from ._registry import JobRegistry
+    from ._engine.registry import JobRegistry
 
 __all__ = ["Job", "JobSpec", "build_job_spec"]
 

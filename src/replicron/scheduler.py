@@ -11,11 +11,11 @@ from datetime import datetime, timedelta, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._tz import UTC, resolve_zone
+from ._engine.engine import ConcurrencyMode, Engine
+from ._schedule.tz import UTC, resolve_zone
 from .backends.base import Backend
 from .backends.memory import MemoryBackend
 from .clock import Clock, SystemClock
-from .engine import ConcurrencyMode, Engine
 from .errors import InvalidJobOptionError, SchedulerClosedError
 from .events import Listener
 from .jobs import Job, build_job_spec

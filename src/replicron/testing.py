@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from ._tz import UTC
+from ._schedule.tz import UTC
 from .triggers import require_aware
 
 __all__ = ["FakeClock"]

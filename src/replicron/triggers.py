@@ -17,12 +17,12 @@ from collections.abc import Iterable, Iterator
 from datetime import date, datetime, time, tzinfo
 from typing import Any, Protocol, runtime_checkable
 
-from . import _calendar
-from ._calendar import TimeOfDay
-from ._cron import parse_cron
-from ._interval import IntervalRule, make_interval_rule
-from ._tz import UTC, from_unix, resolve_zone, timeline_for, to_unix, zone_name
-from ._walltime import DayRule, ListTimes, WallSchedule, next_instant
+from ._schedule import calendar as _calendar
+from ._schedule.calendar import TimeOfDay
+from ._schedule.cron import parse_cron
+from ._schedule.interval import IntervalRule, make_interval_rule
+from ._schedule.tz import UTC, from_unix, resolve_zone, timeline_for, to_unix, zone_name
+from ._schedule.walltime import DayRule, ListTimes, WallSchedule, next_instant
 from .errors import ArgumentTypeError, NaiveDatetimeError, PastInstantError
 from .keys import check_job_name
 

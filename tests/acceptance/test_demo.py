@@ -19,8 +19,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import replicron
-
 REPO = Path(__file__).resolve().parents[2]
 REPLICAS = 3
 SECONDS = 6
@@ -29,7 +27,6 @@ TICK = re.compile(
     r"^\d\d:\d\d:\d\d  (?P<job>\S+) +(?P<what>.+?) +ran=(?P<ran>\d+) skipped=(?P<sk>\d+)$"
 )
 SUMMARY = re.compile(r"^summary: (\d+) ticks, (\d+) runs, duplicates=(\d+) misses=(\d+)$")
-HAS_EMBEDDED = hasattr(replicron, "EmbeddedBackend")
 
 
 def demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +72,6 @@ def left_behind(tmp_path: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-@pytest.mark.skipif(not HAS_EMBEDDED, reason="replicron.EmbeddedBackend is not there yet")
 def test_demo_on_the_embedded_backend(tmp_path: Path) -> None:
     result = demo(tmp_path, "--seconds", str(SECONDS))
     check_verdict(result, "embedded")
@@ -158,13 +154,3 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], messa
     assert result.stderr.endswith(f"error: {message}\n")
     assert result.stderr.count("\n") == 1
     assert left_behind(tmp_path) == []
-
-
-@pytest.mark.skipif(HAS_EMBEDDED, reason="the embedded backend is there")
-def test_without_the_embedded_backend_it_asks_for_a_database(tmp_path: Path) -> None:
-    result = demo(tmp_path)
-    assert result.returncode == 2
-    assert result.stderr == (
-        "replicron: error: this version of replicron has no embedded backend; "
-        "pass --database-url postgresql://...\n"
-    )

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import pytest
 
-from replicron._tz import UTC
+from replicron._schedule.tz import UTC
 from replicron.backends.base import Backend
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
 from replicron.backends.memory import MemoryBackend, MemoryState

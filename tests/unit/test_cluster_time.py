@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 
 from replicron import every
+from replicron._engine.planner import MAX_ENUMERATED_TICKS, resync_plan, ticks_from
 from replicron.clock import ClusterClock
-from replicron.planner import MAX_ENUMERATED_TICKS, resync_plan, ticks_from
 from replicron.postgres._lease import Lease
 from replicron.postgres._offset import OffsetEstimator
 from replicron.testing import FakeClock

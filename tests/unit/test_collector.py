@@ -18,12 +18,14 @@ from datetime import timedelta
 
 import pytest
 
-from replicron import MemoryBackend, Outcome, RunContext, Scheduler, _collector, _runs, every
-from replicron._collector import HOLD_LIMIT, CollectorHold
-from replicron._runs import Run
+from replicron import MemoryBackend, Outcome, RunContext, Scheduler, every
+from replicron._engine import collector as _collector
+from replicron._engine import runs as _runs
+from replicron._engine.collector import HOLD_LIMIT, CollectorHold
+from replicron._engine.planner import Tick
+from replicron._engine.runs import Run
 from replicron.backends import Claim, ClaimRequest
 from replicron.backends.memory import HISTORY_KEPT
-from replicron.planner import Tick
 from replicron.testing import FakeClock
 from tests.helpers import z
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicron import cron, every, once
-from replicron.planner import (
+from replicron._engine.planner import (
     MAX_ENUMERATED_TICKS,
     Planner,
     Tick,

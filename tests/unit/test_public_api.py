@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import pytest
 
@@ -115,52 +116,16 @@ EXPECTED = {
     ],
 }
 
-MODULES = [
-    "replicron",
-    "replicron._aio",
-    "replicron._dsn",
-    "replicron.postgres._locked_async",
-    "replicron.postgres._locked_result",
-    "replicron.postgres._locked_sync",
-    "replicron.postgres._lease",
-    "replicron.postgres._offset",
-    "replicron.postgres._session",
-    "replicron.postgres._sql",
-    "replicron.postgres._status",
-    "replicron.postgres._tokens",
-    "replicron.postgres._writes",
-    "replicron.postgres.backend",
-    "replicron.postgres.migrate",
-    "replicron._observe",
-    "replicron._registry",
-    "replicron._demo_replica",
-    "replicron.demo",
-    "replicron._retries",
-    "replicron._runs",
-    "replicron._workers",
-    "replicron.backends",
-    "replicron.backends.base",
-    "replicron.backends.embedded",
-    "replicron.backends._ledger",
-    "replicron.backends.memory",
-    "replicron.context",
-    "replicron.engine",
-    "replicron.events",
-    "replicron.jobs",
-    "replicron.planner",
-    "replicron.scheduler",
-    "replicron._calendar",
-    "replicron._cron",
-    "replicron._interval",
-    "replicron._tz",
-    "replicron._walltime",
-    "replicron.cli",
-    "replicron.clock",
-    "replicron.errors",
-    "replicron.keys",
-    "replicron.testing",
-    "replicron.triggers",
-]
+def _all_modules() -> list[str]:
+    """Every module of the package (``__main__`` entry points aside)."""
+    found = ["replicron"]
+    for info in pkgutil.walk_packages(replicron.__path__, "replicron."):
+        if not info.name.endswith("__main__"):
+            found.append(info.name)
+    return sorted(found)
+
+
+MODULES = _all_modules()
 
 
 @pytest.mark.parametrize(("module", "names"), EXPECTED.items())

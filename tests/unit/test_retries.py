@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from replicron._retries import RETRY_EARLY, RETRY_UNREACHABLE, Retries
-from replicron.planner import Tick
+from replicron._engine.planner import Tick
+from replicron._engine.retries import RETRY_EARLY, RETRY_UNREACHABLE, Retries
 from tests.helpers import z
 
 T0 = z(2026, 5, 1, 12)

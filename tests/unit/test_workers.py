@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from replicron._workers import STUCK_AFTER, WorkerPool, needs_another_thread
+from replicron._engine.workers import STUCK_AFTER, WorkerPool, needs_another_thread
 
 NOW = 1000.0
 OLD = NOW - 2 * STUCK_AFTER

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from replicron._tz import UTC
+from replicron._schedule.tz import UTC
 from replicron.errors import StateDirError
 
 __all__ = ["MIGRATIONS", "Ledger", "from_us", "now_us", "process_alive", "process_start", "to_us"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from replicron._tz import UTC
+from replicron._schedule.tz import UTC
 from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.errors import ConfigurationError
 from replicron.keys import job_lock_key

@@ -15,7 +15,7 @@ from functools import cache
 from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .errors import InvalidTimezoneError
+from replicron.errors import InvalidTimezoneError
 
 __all__ = [
     "EPOCH",

@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._collector import HOLD_LIMIT, CollectorHold
-from ._observe import Observer
-from ._registry import JobRegistry, JobState, event_of
-from ._workers import STUCK_AFTER, WorkerPool
-from .backends.base import Claim, Release, RunRecord, pack_record
-from .context import RunContext, _current
-from .events import Outcome, RunEvent
+from replicron.backends.base import Claim, Release, RunRecord, pack_record
+from replicron.context import RunContext, _current
+from replicron.events import Outcome, RunEvent
+
+from .collector import HOLD_LIMIT, CollectorHold
+from .observe import Observer
 from .planner import Tick
+from .registry import JobRegistry, JobState, event_of
+from .workers import STUCK_AFTER, WorkerPool
 
 __all__ = ["Run", "RunExecutor"]
 

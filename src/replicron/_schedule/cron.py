@@ -1,7 +1,7 @@
 """The cron parser: Debian cron's meaning, stricter syntax, and a few documented extensions.
 
 See ``docs/cron.md`` for the rules with examples. Parsing produces a :class:`ParsedCron`,
-whose day rule and time rule plug into :mod:`replicron._walltime`.
+whose day rule and time rule plug into :mod:`replicron._schedule.walltime`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
 
-from ._walltime import DayRule, FieldTimes, WallSchedule, month_length
-from .errors import ArgumentTypeError, CronSyntaxError
+from replicron.errors import ArgumentTypeError, CronSyntaxError
+
+from .walltime import DayRule, FieldTimes, WallSchedule, month_length
 
 __all__ = ["CronDays", "ParsedCron", "parse_cron"]
 

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left
 from datetime import date
 
-from ._tz import MAX_INSTANT, ZoneTimeline
+from .tz import MAX_INSTANT, ZoneTimeline
 
 __all__ = [
     "DayRule",

@@ -6,8 +6,9 @@ import re
 from collections.abc import Iterable
 from datetime import date, time
 
-from ._walltime import DayRule, month_length
-from .errors import InvalidDayError, InvalidIntervalError, InvalidTimeOfDayError
+from replicron.errors import InvalidDayError, InvalidIntervalError, InvalidTimeOfDayError
+
+from .walltime import DayRule, month_length
 
 __all__ = [
     "DailyDays",

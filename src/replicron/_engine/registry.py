@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any, Literal
 
-from .backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
-from .clock import Clock
-from .errors import (
+from replicron.backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
+from replicron.clock import Clock
+from replicron.errors import (
     ConfigurationError,
     DuplicateJobError,
     ForkedSchedulerError,
@@ -22,10 +22,11 @@ from .errors import (
     PastInstantError,
     SchedulerClosedError,
 )
-from .events import RunEvent
-from .jobs import Job, JobSpec, build_job_spec
+from replicron.events import RunEvent
+from replicron.jobs import Job, JobSpec, build_job_spec
+from replicron.triggers import OneTimeTrigger
+
 from .planner import Planner, Tick
-from .triggers import OneTimeTrigger
 
 __all__ = ["JobRegistry", "JobState"]
 

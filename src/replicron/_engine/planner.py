@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
-from .triggers import Trigger
+from replicron.triggers import Trigger
 
 __all__ = [
     "MAX_ENUMERATED_TICKS",

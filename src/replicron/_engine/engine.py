@@ -18,20 +18,19 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime, tzinfo
 from typing import Any, Literal, TypeVar
 
-from ._collector import CollectorHold
-from ._observe import Observer
-from ._registry import JobState
-from ._retries import Retries
-from ._runs import Run, RunExecutor
-from ._workers import WorkerPool
-from .backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
-from .clock import Clock, ClusterClock, SystemClock
-from .context import _current
-from .errors import (
-    SchedulerClosedError,
-)
-from .events import Listener, Outcome
+from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from replicron.clock import Clock, ClusterClock, SystemClock
+from replicron.context import _current
+from replicron.errors import SchedulerClosedError
+from replicron.events import Listener, Outcome
+
+from .collector import CollectorHold
+from .observe import Observer
 from .planner import Tick, catch_up_plan, overlap_action, resync_plan, ticks_from
+from .registry import JobState
+from .retries import Retries
+from .runs import Run, RunExecutor
+from .workers import WorkerPool
 
 __all__ = ["Engine"]
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from .events import Listener, RunEvent
+from replicron.events import Listener, RunEvent
 
 __all__ = ["Observer", "logger"]
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._tz import EPOCH
-from .errors import InvalidIntervalError
+from replicron.errors import InvalidIntervalError
+
+from .tz import EPOCH
 
 __all__ = ["IntervalRule", "make_interval_rule", "random_fraction"]
 

@@ -1,6 +1,6 @@
 """One replica of ``replicron demo``: a Scheduler on the shared backend, reporting every tick.
 
-Started by the demo's parent as ``python -m replicron.demo --replica ID (--state-dir DIR |
+Started by the demo's parent as ``python -m replicron._demo.replica --replica ID (--state-dir DIR |
 --namespace NS)``; a PostgreSQL URL comes in ``$REPLICRON_DEMO_DATABASE_URL`` (never on the
 command line, where ``ps`` would show its password). It runs the demo's jobs and writes one
 JSON object per line to its stdout for each tick it saw:
@@ -31,15 +31,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from ._dsn import mask_dsn
-from ._tz import UTC
-from .backends.base import Backend
-from .context import current_run
-from .events import Listener, RunEvent
-from .scheduler import Scheduler
-from .triggers import every
+from replicron._dsn import mask_dsn
+from replicron._schedule.tz import UTC
+from replicron.backends.base import Backend
+from replicron.backends.embedded import EmbeddedBackend
+from replicron.context import current_run
+from replicron.events import Listener, RunEvent
+from replicron.scheduler import Scheduler
+from replicron.triggers import every
 
-__all__ = ["DATABASE_URL_ENV", "JOBS", "DemoJob", "load_embedded_backend", "main"]
+__all__ = ["DATABASE_URL_ENV", "JOBS", "DemoJob", "main"]
 
 DATABASE_URL_ENV = "REPLICRON_DEMO_DATABASE_URL"
 STOP_TIMEOUT = 5.0  # seconds a stopping replica lets running tasks finish
@@ -55,14 +56,6 @@ class DemoJob:
 
 
 JOBS = (DemoJob("heartbeat", 1, 0.05), DemoJob("report", 3, 0.2))
-
-
-def load_embedded_backend() -> Callable[[Path], Backend] | None:
-    """``replicron.EmbeddedBackend``, or None in a version without it."""
-    import replicron
-
-    factory: Callable[[Path], Backend] | None = getattr(replicron, "EmbeddedBackend", None)
-    return factory
 
 
 class Channel:
@@ -175,14 +168,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _backend(args: argparse.Namespace) -> Backend:
     if args.state_dir is not None:
-        factory = load_embedded_backend()
-        if factory is None:
-            raise RuntimeError("this version of replicron has no EmbeddedBackend")
-        return factory(args.state_dir)
+        return EmbeddedBackend(args.state_dir)
     url = os.environ.get(DATABASE_URL_ENV)
     if not url:
         raise RuntimeError(f"${DATABASE_URL_ENV} is not set")
-    from .postgres import PostgresBackend
+    from replicron.postgres import PostgresBackend
 
     return PostgresBackend(url, namespace=args.namespace)
 
@@ -239,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     channel.send("ready", at=time.time())
     stop.wait()
     scheduler.shutdown(timeout=STOP_TIMEOUT)
-    logging.getLogger("replicron.demo").info("stopped")
+    logging.getLogger(__name__).info("stopped")
     return 0
 
 

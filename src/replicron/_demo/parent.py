@@ -1,7 +1,7 @@
 """``replicron demo``: several real replica processes share one backend; every tick runs once.
 
-The parent starts ``--replicas`` processes (``python -m replicron.demo --replica ...``, see
-:mod:`replicron._demo_replica`), each running a :class:`~replicron.Scheduler` with the same two
+The parent starts ``--replicas`` processes (``python -m replicron._demo.replica --replica ...``, see
+:mod:`replicron._demo.replica`), each running a :class:`~replicron.Scheduler` with the same two
 jobs on the shared backend: the embedded backend in a temporary state directory, or PostgreSQL
 under a namespace of its own (``--database-url``). Every replica reports each tick it saw
 (ran it, or skipped it because another replica had it) as JSON lines; the parent groups the
@@ -32,12 +32,11 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from ._demo_replica import DATABASE_URL_ENV, JOBS, load_embedded_backend
-from ._demo_replica import main as replica_main
-from ._dsn import mask_dsn
-from ._tz import UTC
-from .errors import ConfigurationError
-from .triggers import every
+from replicron._dsn import mask_dsn
+from replicron._schedule.tz import UTC
+from replicron.triggers import every
+
+from .replica import DATABASE_URL_ENV, JOBS
 
 __all__ = ["run_demo"]
 
@@ -138,7 +137,7 @@ class _Demo:
         return self._summary()
 
     def _spawn(self, name: str) -> None:
-        command = [sys.executable, "-m", "replicron.demo", "--replica", name]
+        command = [sys.executable, "-m", "replicron._demo.replica", "--replica", name]
         env = None
         if self.url is None:
             command += ["--state-dir", str(self.state_dir / "state")]
@@ -374,11 +373,6 @@ def _check(seconds: float, replicas: int, database_url: str | None) -> None:
             conninfo_to_dict(database_url)
         except Exception:
             raise bad from None
-    elif load_embedded_backend() is None:
-        raise ConfigurationError(
-            "this version of replicron has no embedded backend; "
-            "pass --database-url postgresql://..."
-        )
 
 
 def run_demo(
@@ -433,7 +427,3 @@ def _on_signals(handler: _Handler) -> dict[int, _Handler]:
 def _restore(previous: dict[int, _Handler]) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-
-
-if __name__ == "__main__":
-    sys.exit(replica_main())
