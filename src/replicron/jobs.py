@@ -1,199 +1,33 @@
-"""Job definitions: validated once, at registration, so that nothing fails at first fire."""
+"""The handle of a registered job, as ``add_job`` returns it."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Protocol
 
-from ._engine.planner import CatchUp, OverlapPolicy
-from .errors import InvalidJobArgumentsError, InvalidJobNameError, InvalidJobOptionError
+from ._engine.spec import JobSpec
 from .events import RunEvent
-from .keys import check_job_name
-from .triggers import IntervalTrigger, OneTimeTrigger, Trigger, WallClockTrigger, require_aware
+from .triggers import Trigger
 
-if TYPE_CHECKING:
-    from ._engine.registry import JobRegistry
-
-__all__ = ["Job", "JobSpec", "build_job_spec"]
-
-_OVERLAP = ("skip", "queue", "allow")
-_NO_TAGS: frozenset[str] = frozenset()
-_KNOWN_TRIGGERS = (WallClockTrigger, IntervalTrigger, OneTimeTrigger)
-_CATCH_UP = ("latest", "none", "all")
+__all__ = ["Job", "JobControl"]
 
 
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """Everything about a job except its run-time state."""
+class JobControl(Protocol):
+    """What a :class:`Job` handle asks of the scheduler that holds the job."""
 
-    name: str
-    trigger: Trigger
-    func: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(hash=False)
-    is_async: bool
-    tags: frozenset[str]
-    overlap: OverlapPolicy
-    timeout: timedelta | None
-    start_at: datetime | None
-    stop_at: datetime | None
-    max_runs: int | None
-    catch_up: CatchUp
-    misfire_grace: timedelta | None
+    def spec(self, name: str, /) -> JobSpec: ...
 
+    def next_runs(self, name: str, count: int, /) -> list[datetime]: ...
 
-def build_job_spec(
-    trigger: Trigger,
-    func: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    name: str | None,
-    tags: Iterable[str] | str,
-    overlap: str,
-    timeout: timedelta | float | None,
-    start_at: datetime | None,
-    stop_at: datetime | None,
-    max_runs: int | None,
-    catch_up: str,
-    misfire_grace: timedelta | float | None,
-    default_tz: tzinfo,
-) -> JobSpec:
-    """Validate every part of a job; errors name the job and the field."""
-    if not callable(func):
-        raise InvalidJobOptionError(f"job function must be callable, not {func!r}")
-    job = _job_name(name, func)
+    def last_run(self, name: str, /) -> RunEvent | None: ...
 
-    def bad(field_name: str, reason: str) -> InvalidJobOptionError:
-        return InvalidJobOptionError(f"job {job!r}: {field_name} {reason}")
+    def run_now(self, name: str, /) -> None: ...
 
-    # The concrete classes first: a runtime Protocol check costs tens of microseconds.
-    if not isinstance(trigger, _KNOWN_TRIGGERS) and not isinstance(trigger, Trigger):
-        raise bad("trigger", f"must be a trigger such as cron(...) or every(...), not {trigger!r}")
-    if isinstance(trigger, WallClockTrigger):
-        trigger = trigger.with_default_timezone(default_tz)
-    if isinstance(trigger, IntervalTrigger) and not trigger.key:
-        trigger = trigger.for_job(job)
-    _bind(job, func, args, kwargs)
-    if overlap not in _OVERLAP:
-        raise bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
-    if catch_up not in _CATCH_UP:
-        raise bad("catch_up", f"must be one of {', '.join(_CATCH_UP)}, not {catch_up!r}")
-    if max_runs is not None and (
-        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
-    ):
-        raise bad("max_runs", f"must be a whole number of at least 1, not {max_runs!r}")
-    for label, instant in (("start_at", start_at), ("stop_at", stop_at)):
-        if instant is not None:
-            try:
-                require_aware(instant, label)
-            except (TypeError, ValueError) as exc:
-                raise bad(label, str(exc)) from None
-    if start_at is not None and isinstance(trigger, IntervalTrigger):
-        trigger = trigger.with_default_anchor(start_at)  # intervals count from start_at
-    if start_at is not None and stop_at is not None and stop_at <= start_at:
-        raise bad("stop_at", f"{stop_at.isoformat()} is not after start_at {start_at.isoformat()}")
-    return JobSpec(
-        name=job,
-        trigger=trigger,
-        func=func,
-        args=tuple(args),
-        kwargs=dict(kwargs),
-        is_async=_is_async(func),
-        tags=_tags(job, tags),
-        overlap=overlap,  # type: ignore[arg-type]
-        timeout=_duration(job, "timeout", timeout, allow_zero=False),
-        start_at=start_at,
-        stop_at=stop_at,
-        max_runs=max_runs,
-        catch_up=catch_up,  # type: ignore[arg-type]
-        misfire_grace=_duration(job, "misfire_grace", misfire_grace, allow_zero=True),
-    )
+    def update_job(
+        self, name: str, trigger: Trigger | None, options: dict[str, Any], /
+    ) -> None: ...
 
-
-def _job_name(name: str | None, func: Callable[..., Any]) -> str:
-    if name is not None:
-        return check_job_name(name)
-    qualname = getattr(func, "__qualname__", None)
-    module = getattr(func, "__module__", None)
-    if not isinstance(qualname, str) or "<lambda>" in qualname:
-        raise InvalidJobNameError(
-            f"cannot derive a job name from {func!r}: pass name=... (it identifies the job "
-            "across replicas)"
-        )
-    return check_job_name(f"{module}.{qualname}" if module else qualname)
-
-
-@functools.lru_cache(maxsize=1024)
-def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
-    try:
-        return inspect.signature(func)
-    except (TypeError, ValueError):
-        return None  # some builtins have no signature; nothing to check against
-
-
-def _bind(
-    job: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
-    try:
-        signature = _signature(func)
-    except TypeError:  # unhashable callable
-        signature = inspect.signature(func)
-    if signature is None:
-        return
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise InvalidJobArgumentsError(
-            f"job {job!r}: arguments do not fit {getattr(func, '__name__', func)}{signature}: {exc}"
-        ) from None
-
-
-def _is_async(func: Callable[..., Any]) -> bool:
-    try:
-        return _is_async_cached(func)
-    except TypeError:  # unhashable callable
-        return _is_async_uncached(func)
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_async_cached(func: Callable[..., Any]) -> bool:
-    return _is_async_uncached(func)
-
-
-def _is_async_uncached(func: Callable[..., Any]) -> bool:
-    while isinstance(func, functools.partial):
-        func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-        getattr(func, "__call__", None)  # noqa: B004
-    )
-
-
-def _tags(job: str, tags: Iterable[str] | str) -> frozenset[str]:
-    items = [tags] if isinstance(tags, str) else list(tags)
-    for tag in items:
-        if not isinstance(tag, str) or not tag.strip():
-            raise InvalidJobOptionError(f"job {job!r}: tags must be non-empty strings, not {tag!r}")
-    return frozenset(items) if items else _NO_TAGS
-
-
-def _duration(
-    job: str, label: str, value: timedelta | float | None, *, allow_zero: bool
-) -> timedelta | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise InvalidJobOptionError(
-            f"job {job!r}: {label} must be a timedelta or seconds, not {value!r}"
-        )
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    if delta < timedelta(0) or (delta == timedelta(0) and not allow_zero):
-        raise InvalidJobOptionError(f"job {job!r}: {label} must be positive, not {value!r}")
-    return delta
+    def remove_job(self, name: str, /) -> None: ...
 
 
 class Job:
@@ -201,7 +35,7 @@ class Job:
 
     __slots__ = ("_engine", "name")
 
-    def __init__(self, engine: JobRegistry, name: str) -> None:
+    def __init__(self, engine: JobControl, name: str) -> None:
         self._engine = engine
         self.name = name
 
@@ -242,6 +76,12 @@ class Job:
 
     def remove(self) -> None:
         self._engine.remove_job(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other._engine is self._engine and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash((id(self._engine), self.name))
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, {self.trigger!r})"

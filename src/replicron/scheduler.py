@@ -12,13 +12,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._engine.engine import ConcurrencyMode, Engine
+from ._engine.spec import build_job_spec
 from ._schedule.tz import UTC, resolve_zone
 from .backends.base import Backend
 from .backends.memory import MemoryBackend
 from .clock import Clock, SystemClock
 from .errors import InvalidJobOptionError, SchedulerClosedError
 from .events import Listener
-from .jobs import Job, build_job_spec
+from .jobs import Job
 from .triggers import Trigger
 
 __all__ = ["AsyncScheduler", "Scheduler"]
@@ -128,12 +129,14 @@ class _JobsAPI:
         function's module and qualified name and must be unique in the scheduler; it is the
         job's identity across replicas.
         """
+        registry = self._engine.registry
         spec = build_job_spec(
             trigger, func, args, kwargs, name=name, tags=tags, overlap=overlap,
             timeout=timeout, start_at=start_at, stop_at=stop_at, max_runs=max_runs,
-            catch_up=catch_up, misfire_grace=misfire_grace, default_tz=self._engine.timezone,
+            catch_up=catch_up, misfire_grace=misfire_grace, default_tz=registry.timezone,
         )  # fmt: skip
-        return self._engine.add_job(spec)
+        registry.add_job(spec)
+        return Job(registry, spec.name)
 
     def job(self, trigger: Trigger, /, *args: Any, **options: Any) -> Callable[[F], F]:
         """Decorator form of :meth:`add_job`; returns the function unchanged."""
@@ -145,17 +148,20 @@ class _JobsAPI:
         return register
 
     def remove_job(self, name: str) -> None:
-        self._engine.remove_job(name)
+        self._engine.registry.remove_job(name)
 
     def remove_by_tag(self, tag: str) -> list[str]:
         """Remove every job with ``tag``; returns their names."""
-        return self._engine.remove_by_tag(tag)
+        return self._engine.registry.remove_by_tag(tag)
 
     def jobs(self) -> list[Job]:
-        return self._engine.jobs()
+        registry = self._engine.registry
+        return [Job(registry, name) for name in registry.names()]
 
     def get_job(self, name: str) -> Job:
-        return self._engine.get_job(name)
+        registry = self._engine.registry
+        registry.spec(name)  # JobNotFoundError for an unknown name
+        return Job(registry, name)
 
 
 class AsyncScheduler(_JobsAPI):
@@ -202,7 +208,7 @@ class Scheduler(_JobsAPI):
 
     def start(self) -> None:
         with self._life:
-            self._engine.check_usable()
+            self._engine.life.check_usable()
             if self._thread is not None:
                 raise SchedulerClosedError("a scheduler can be started once")
             loop = asyncio.new_event_loop()

@@ -116,6 +116,7 @@ EXPECTED = {
     ],
 }
 
+
 def _all_modules() -> list[str]:
     """Every module of the package (``__main__`` entry points aside)."""
     found = ["replicron"]

@@ -1,40 +1,42 @@
-"""Job registration and inspection: synchronous, thread-safe, shared by both scheduler faces."""
+"""The jobs of a scheduler and their plan: registration and inspection from any thread, and
+the ticks they make due, for the engine's loop. Runs nothing."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from typing import Any, Literal
+from typing import Any
 
 from replicron.backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
 from replicron.clock import Clock
 from replicron.errors import (
     ConfigurationError,
     DuplicateJobError,
-    ForkedSchedulerError,
     InvalidJobOptionError,
     JobNotFoundError,
     PastInstantError,
-    SchedulerClosedError,
 )
 from replicron.events import RunEvent
-from replicron.jobs import Job, JobSpec, build_job_spec
-from replicron.triggers import OneTimeTrigger
+from replicron.triggers import OneTimeTrigger, Trigger
 
-from .planner import Planner, Tick
+from .lifecycle import Lifecycle
+from .planner import Decision, Planner, Tick
+from .spec import JobSpec, build_job_spec
 
-__all__ = ["JobRegistry", "JobState"]
+__all__ = ["JobRegistry", "JobState", "event_of"]
+
+#: The options ``Job.update`` may change, and the spec fields they come from.
+_UPDATABLE = (
+    "tags", "overlap", "timeout", "start_at", "stop_at", "max_runs", "catch_up", "misfire_grace",
+)  # fmt: skip
 
 
 @dataclass(slots=True)
 class JobState:
     spec: JobSpec
-    handle: Job
     running: int = 0
     runs_started: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
@@ -54,99 +56,83 @@ def event_of(
 
 
 class JobRegistry:
-    """The jobs of a scheduler and their plan. Runs nothing; the engine builds on it."""
+    """Thread-safe: registration may come from any thread while the engine's loop plans.
 
-    clock: Clock
-    timezone: tzinfo
-    backend: Backend
+    ``wake`` is called after every change that may move the next wake-up; ``life`` says
+    whether the scheduler may still be used and whether it is running.
+    """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        timezone: tzinfo,
+        backend: Backend,
+        life: Lifecycle,
+        wake: Callable[[], None],
+    ) -> None:
+        self.clock, self.timezone = clock, timezone
+        self._backend, self._life, self._wake = backend, life, wake
         self._lock = threading.RLock()
         self._jobs: dict[str, JobState] = {}
         self._planner = Planner()
-        self._immediate: list[Tick] = []
-        self._catch_up_needed: list[str] = []
-        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
-        self._pid: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        self._poke_pending = False
+        self._immediate: list[Tick] = []  # run_now and catch-up backlogs: due at once
+        self._catch_up_needed: list[str] = []  # jobs whose ticks missed while down to look up
+        #: The state of a job, or None; lock-free (a dict lookup is atomic), for the hot path.
+        self.get: Callable[[str], JobState | None] = self._jobs.get
 
-    # ---- registration (any thread) -----------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._jobs)
 
-    def check_usable(self) -> None:
-        if self._pid is not None and os.getpid() != self._pid:
-            raise ForkedSchedulerError(
-                f"this scheduler was started in process {self._pid} and cannot be used in "
-                f"forked process {os.getpid()}: start schedulers after forking"
-            )
-        if self._state in ("stopping", "stopped"):
-            raise SchedulerClosedError("the scheduler was shut down")
+    # ---- registration and inspection (any thread) --------------------------------------
 
-    def add_job(self, spec: JobSpec) -> Job:
-        self.check_usable()
+    def add_job(self, spec: JobSpec) -> None:
+        self._life.check_usable()
         with self._lock:
             if spec.name in self._jobs:
                 raise DuplicateJobError(f"a job named {spec.name!r} is already registered")
-            self.backend.register_job(spec.name)
-            state = self._jobs[spec.name] = JobState(spec, Job(self, spec.name))
+            self._backend.register_job(spec.name)
+            state = self._jobs[spec.name] = JobState(spec)
             try:
                 self._plan(state, check=True)
             except ConfigurationError:
                 del self._jobs[spec.name]
-                self.backend.unregister_job(spec.name)
+                self._backend.unregister_job(spec.name)
                 raise
-            if self._state == "running":
+            if self._life.running:
                 self._catch_up_needed.append(spec.name)
-        self._poke()
-        return state.handle
+        self._wake()
 
-    def update_job(self, name: str, trigger: Any, options: dict[str, Any]) -> None:
-        self.check_usable()
+    def update_job(self, name: str, trigger: Trigger | None, options: dict[str, Any]) -> None:
+        self._life.check_usable()
         with self._lock:
             state = self._state_of(name)
             old = state.spec
-            fields: dict[str, Any] = {
-                "name": name,
-                "tags": old.tags,
-                "overlap": old.overlap,
-                "timeout": old.timeout,
-                "start_at": old.start_at,
-                "stop_at": old.stop_at,
-                "max_runs": old.max_runs,
-                "catch_up": old.catch_up,
-                "misfire_grace": old.misfire_grace,
-            }
-            unknown = set(options) - set(fields) - {"name"}
-            if unknown or "name" in options:
-                bad = ", ".join(sorted(unknown | ({"name"} & set(options))))
-                raise InvalidJobOptionError(f"job {name!r}: cannot update {bad}")
+            bad = sorted(set(options) - set(_UPDATABLE))
+            if bad:
+                raise InvalidJobOptionError(f"job {name!r}: cannot update {', '.join(bad)}")
+            fields: dict[str, Any] = {field: getattr(old, field) for field in _UPDATABLE}
             fields.update(options)
-            new_spec = build_job_spec(
-                old.trigger if trigger is None else trigger,
-                old.func,
-                old.args,
-                old.kwargs,
-                default_tz=self.timezone,
-                **fields,
-            )
-            state.spec = new_spec
+            state.spec = build_job_spec(
+                old.trigger if trigger is None else trigger, old.func, old.args, old.kwargs,
+                name=name, default_tz=self.timezone, **fields,
+            )  # fmt: skip
             try:
                 self._plan(state, check=True)
             except ConfigurationError:
                 state.spec = old
                 self._plan(state)
                 raise
-        self._poke()
+        self._wake()
 
     def remove_job(self, name: str) -> None:
-        self.check_usable()
+        self._life.check_usable()
         with self._lock:
             self._state_of(name)
             del self._jobs[name]
-            self.backend.unregister_job(name)
+            self._backend.unregister_job(name)
             self._planner.remove(name)
-        self._poke()
+        self._wake()
 
     def remove_by_tag(self, tag: str) -> list[str]:
         with self._lock:
@@ -155,13 +141,9 @@ class JobRegistry:
                 self.remove_job(name)
         return names
 
-    def jobs(self) -> list[Job]:
+    def names(self) -> list[str]:
         with self._lock:
-            return [s.handle for s in self._jobs.values()]
-
-    def get_job(self, name: str) -> Job:
-        with self._lock:
-            return self._state_of(name).handle
+            return list(self._jobs)
 
     def spec(self, name: str) -> JobSpec:
         with self._lock:
@@ -181,11 +163,59 @@ class JobRegistry:
             return event_of(unpack_record(packed), state.last_error, state.last_detail)
 
     def run_now(self, name: str) -> None:
-        self.check_usable()
+        self._life.check_usable()
         with self._lock:
             self._state_of(name)
             self._immediate.append(Tick(name, self.clock.now()))
-        self._poke()
+        self._wake()
+
+    # ---- for the engine's loop ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Plan every job from now, and ask for each one's missed ticks to be looked up."""
+        with self._lock:
+            for state in self._jobs.values():
+                self._plan(state)
+            self._catch_up_needed.extend(self._jobs)
+
+    def take_due(self, now: datetime) -> tuple[Decision, list[Tick], list[str]]:
+        """The planner's decision at ``now``, the ticks due at once, the jobs to catch up."""
+        with self._lock:
+            decision = self._planner.decide(now)
+            immediate, self._immediate = self._immediate, []
+            catch_up, self._catch_up_needed = self._catch_up_needed, []
+        return decision, immediate, catch_up
+
+    def catch_up_later(self, names: list[str]) -> None:
+        with self._lock:
+            self._catch_up_needed.extend(names)
+
+    def run_soon(self, tick: Tick) -> None:
+        """Run ``tick`` at the next step (the next tick of a catch-up backlog)."""
+        with self._lock:
+            self._immediate.append(tick)
+        self._wake()
+
+    def retire(self, name: str) -> None:
+        """Plan no more ticks of ``name`` (it reached ``max_runs``)."""
+        with self._lock:
+            self._planner.remove(name)
+
+    def wake_at(self) -> datetime | None:
+        with self._lock:
+            return self._planner.wake_at()
+
+    def prepare(self) -> None:
+        """Work out the next instant's ticks ahead of it (see ``Planner.prepare``)."""
+        with self._lock:
+            self._planner.prepare()
+
+    def states(self) -> Iterator[JobState]:
+        """Every job's state; on the loop (a snapshot, so registration may go on)."""
+        with self._lock:
+            return iter(list(self._jobs.values()))
+
+    # ---- helpers -----------------------------------------------------------------------
 
     def _state_of(self, name: str) -> JobState:
         state = self._jobs.get(name)
@@ -214,17 +244,3 @@ class JobRegistry:
                 f"job {spec.name!r} would never run: its trigger has no tick after "
                 f"{now.isoformat()}" + ("" if spec.stop_at is None else " and before stop_at")
             )
-
-    def _poke(self) -> None:
-        """Wake the engine after a change; one pending wake-up serves any number of calls."""
-        loop, wake = self._loop, self._wake
-        if loop is None or wake is None or self._poke_pending or loop.is_closed():
-            return
-        self._poke_pending = True
-        with contextlib.suppress(RuntimeError):  # loop closed in between
-            loop.call_soon_threadsafe(self._poked)
-
-    def _poked(self) -> None:
-        self._poke_pending = False
-        assert self._wake is not None
-        self._wake.set()

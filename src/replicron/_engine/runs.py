@@ -1,7 +1,8 @@
-"""Runs: starting them, the worker threads, timeouts, and recording how they ended.
+"""Runs: starting them (async ones on the loop, sync ones on the worker threads), their
+timeouts, and how they ended.
 
-The engine's hot path, kept apart from its loop and life cycle (``engine.py``). A burst of
-runs is started on the loop, handed to the workers together, and finished in batches.
+The engine's hot path. A burst of runs is started on the loop, handed to the workers
+together, and finished in batches.
 """
 
 from __future__ import annotations
@@ -12,114 +13,164 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
-from replicron.backends.base import Claim, Release, RunRecord, pack_record
+from replicron.backends.base import Claim, RunRecord
+from replicron.clock import Clock
 from replicron.context import RunContext, _current
 from replicron.events import Outcome, RunEvent
 
 from .collector import HOLD_LIMIT, CollectorHold
+from .lifecycle import Lifecycle
 from .observe import Observer
-from .planner import Tick
-from .registry import JobRegistry, JobState, event_of
+from .recorder import Recorder
+from .registry import JobRegistry, JobState
 from .workers import STUCK_AFTER, WorkerPool
 
 __all__ = ["Run", "RunExecutor"]
 
-_INFO, _DEBUG, _WARNING, _ERROR = logging.INFO, logging.DEBUG, logging.WARNING, logging.ERROR
+_WARNING, _ERROR = logging.WARNING, logging.ERROR
 #: Runs handed to the workers at once within a burst.
 _SUBMIT_CHUNK = 256
-_LOG_LEVEL = {
-    Outcome.SUCCEEDED: _DEBUG,
-    Outcome.FAILED: _ERROR,
-    Outcome.SKIPPED_OVERLAP: _INFO,
-    Outcome.TIMED_OUT: _WARNING,
-    Outcome.SKIPPED_LIMIT: _WARNING,
-    Outcome.MISSED: _WARNING,
-    Outcome.ABANDONED: _WARNING,
-}
-_LISTENER_HOOK = {
-    Outcome.SUCCEEDED: "after_success",
-    Outcome.FAILED: "after_failure",
-    Outcome.TIMED_OUT: "on_timeout",
-    Outcome.SKIPPED_OVERLAP: "on_skipped",
-    Outcome.SKIPPED_LIMIT: "on_skipped",
-    Outcome.MISSED: "on_missed",
-    Outcome.ABANDONED: "on_abandoned",
-}
 
 
-@dataclass(slots=True, eq=False)
-class Run:
-    job: JobState
-    claim: Claim
-    ctx: RunContext
-    started_at: datetime
-    timed_out: bool = False
-    abandoned: bool = False
-    finished: bool = False
-    why: str | None = None  # what cut the run off, for the ledger
-    task: asyncio.Task[None] | None = None
-    # A sync run's result, handed back to the loop with the run.
-    error: BaseException | None = None
-    finished_at: datetime | None = None
+class Run(RunContext):
+    """A run under way: the context its task sees (``current_run()``) and, in the same
+    object (one allocation per run), the engine's bookkeeping of it."""
+
+    __slots__ = (
+        "abandoned", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
+        "timed_out", "why",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        state: JobState,
+        claim: Claim,
+        replica_id: str,
+        deadline: datetime | None,
+        started_at: datetime,
+    ) -> None:
+        # RunContext's fields set here rather than through its __init__: once per run.
+        self.job_name = claim.job
+        self.scheduled_at = claim.scheduled_at
+        self.run_id = claim.run_id
+        self.replica_id = replica_id
+        self.deadline = deadline
+        self._event = None
+        self._stop = False
+        self.state = state
+        self.locked = claim.locked
+        self.started_at = started_at
+        self.timed_out = self.abandoned = self.finished = False
+        self.why: str | None = None  # what cut the run off, for the ledger
+        self.task: asyncio.Task[None] | None = None
+        # A sync run's result, handed back to the loop with the run.
+        self.error: BaseException | None = None
+        self.finished_at: datetime | None = None
+
+    def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
+        return RunEvent(
+            self.job_name, self.scheduled_at, self.replica_id, self.run_id, outcome,
+            self.started_at, None, error,
+        )  # fmt: skip
+
+    def cut_off(self, why: str, *, abandoned: bool) -> None:
+        """Tell the run to stop: its task is cancelled, a sync task sees ``cancelled`` set."""
+        if abandoned:
+            self.abandoned = True
+        else:
+            self.timed_out = True
+        self.why = why
+        self.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
-class RunExecutor(JobRegistry):
-    """Starts and finishes runs; the engine sets up the state declared here."""
+class RunExecutor:
+    """Owns the runs under way, the worker threads, the timeouts and the collector hold."""
 
-    replica_id: str
-    max_concurrent_jobs: int | None
-    observer: Observer
-    _idle: asyncio.Event | None
-    _workers: WorkerPool[Run] | None
-    _active: set[Run]
-    _waiting: deque[tuple[JobState, Claim]]
-    _deadlines: list[tuple[datetime, int, Run]]
-    _seq: itertools.count[int]
-    _tasks: set[asyncio.Task[Any]]
-    _releases: list[tuple[RunRecord, bool, JobState | None]]
-    _done: deque[Run]
-    _done_wake_pending: bool
-    _to_submit: list[Run]
-    _supervising: bool
-    _collector: CollectorHold
-    _collector_limit: asyncio.TimerHandle | None
-    _started_async: bool  # an async run was started since the collector was held
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        replica_id: str,
+        registry: JobRegistry,
+        recorder: Recorder,
+        observer: Observer,
+        life: Lifecycle,
+        max_workers: int,
+        defer_gc: bool,
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.clock, self.replica_id = clock, replica_id
+        self._registry, self._recorder, self._observer, self._life = (
+            registry, recorder, observer, life,
+        )  # fmt: skip
+        self._max_workers, self._on_idle = max_workers, on_idle
+        self.active: set[Run] = set()
+        self._deadlines: list[tuple[datetime, int, Run]] = []
+        self._seq = itertools.count()
+        self._done: deque[Run] = deque()
+        self._done_wake_pending = False
+        self._to_submit: list[Run] = []
+        self._supervising = False
+        self._collector = CollectorHold(defer_gc)
+        self._collector_limit: asyncio.TimerHandle | None = None
+        self._started_async = False  # an async run was started since the collector was held
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._workers: WorkerPool[Run] | None = None
+        self._idle: asyncio.Event | None = None
 
-    def _quiet_may_have_changed(self, *_: object) -> None:
-        raise NotImplementedError
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers = WorkerPool(
+            self._max_workers, f"replicron-worker-{self.replica_id}", self._run_sync
+        )
 
-    def _start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
+    def __bool__(self) -> bool:
+        """Whether runs are under way or finished and not yet accounted for."""
+        return bool(self.active or self._done)
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether the last burst is still being worked off (runs wait for a thread, or
+        finished runs for the loop)."""
+        return bool((self._workers is not None and self._workers.waiting) or self._done)
+
+    def next_deadline(self) -> datetime | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # ---- starting ----------------------------------------------------------------------
+
+    def start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
         # Once per run of a burst, before the burst's last run can begin: kept lean.
         spec = state.spec
         max_runs = spec.max_runs
         if max_runs is not None and state.runs_started >= max_runs:
-            self._record(state, claim, Outcome.MISSED, "max_runs reached", unlock=claim.locked)
+            self._recorder.record(state, claim, Outcome.MISSED, "max_runs reached", claim.locked)
             return
         # One clock read per batch; the run's real start is taken again where it begins.
         started = self.clock.now() if now is None else now
         timeout = spec.timeout
         deadline = None if timeout is None else started + timeout
-        ctx = RunContext(spec.name, claim.scheduled_at, claim.run_id, self.replica_id, deadline)
-        run = Run(state, claim, ctx, started)
+        run = Run(state, claim, self.replica_id, deadline, started)
         state.running += 1
         state.runs_started += 1
         if max_runs is not None and state.runs_started >= max_runs:
-            with self._lock:
-                self._planner.remove(spec.name)
-        active = self._active
+            self._registry.retire(spec.name)
+        active = self.active
         if not active:
             assert self._idle is not None
             self._idle.clear()
         active.add(run)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), run))
-        if self.observer.listeners:
-            self.observer.notify("before_run", self._event_of(run, None, None, None))
+        if self._observer.listeners:
+            self._observer.notify("before_run", run.event(None, None))
         if spec.is_async:
             assert self._loop is not None
             run.task = self._loop.create_task(self._run_async(run))
@@ -129,16 +180,17 @@ class RunExecutor(JobRegistry):
         to_submit = self._to_submit
         if not to_submit:
             assert self._loop is not None
-            self._loop.call_soon(self._submit_all)
+            self._loop.call_soon(self.submit_all)
         to_submit.append(run)
         if len(to_submit) >= _SUBMIT_CHUNK:  # long bursts: let the first runs begin
-            self._submit_all()
+            self.submit_all()
 
-    def _submit_all(self) -> None:
-        works, self._to_submit = self._to_submit, []
-        if works:
+    def submit_all(self) -> None:
+        """Hand the sync runs started so far to the workers."""
+        runs, self._to_submit = self._to_submit, []
+        if runs:
             assert self._workers is not None
-            self._workers.submit_many(works)
+            self._workers.submit_many(runs)
             if not self._supervising:
                 self._supervising = True
                 self._supervise_workers()
@@ -147,40 +199,42 @@ class RunExecutor(JobRegistry):
         """While runs wait for a thread, wake more threads if the awake ones are stuck."""
         assert self._workers is not None
         assert self._loop is not None
-        if self._workers.supervise() and self._state != "stopped":
+        if self._workers.supervise() and self._life.phase != "stopped":
             self._loop.call_later(STUCK_AFTER, self._supervise_workers)
         else:
             self._supervising = False
-            self._release_collector()  # every run of the burst has a thread
+            self.release_collector()  # every run of the burst has a thread
 
-    # ---- the collector is held back while an instant's runs start (see _collector) ----
+    # ---- the collector may be held back while an instant's runs start (see collector) --
 
-    def _hold_collector(self) -> None:
+    def hold_collector(self) -> None:
         if self._collector.take():
             self._started_async = False
             assert self._loop is not None
-            self._collector_limit = self._loop.call_later(HOLD_LIMIT, self._release_collector)
+            self._collector_limit = self._loop.call_later(HOLD_LIMIT, self.release_collector)
 
-    def _release_collector_once_started(self) -> None:
+    def release_collector_once_started(self) -> None:
         """After a dispatch: sync runs still waiting for a thread keep the collector held
         until they all have one (the supervisor lets it go then). Async runs take their first
         step on this loop next, and must not take it held: blocking the loop, it would keep
         the hold's time limit from firing."""
         if self._collector.held and (self._started_async or not self._supervising):
-            self._release_collector()
+            self.release_collector()
 
-    def _release_collector(self) -> None:
+    def release_collector(self) -> None:
         if self._collector_limit is not None:
             self._collector_limit.cancel()
             self._collector_limit = None
         self._collector.release()
 
+    # ---- running -----------------------------------------------------------------------
+
     def _run_sync(self, run: Run) -> None:
         if run.finished:  # abandoned at shutdown before a worker got to it
             return
         run.started_at = self.clock.now()
-        spec = run.job.spec
-        token = _current.set(run.ctx)
+        spec = run.state.spec
+        token = _current.set(run)
         error: BaseException | None = None
         try:
             spec.func(*spec.args, **spec.kwargs)
@@ -204,7 +258,7 @@ class RunExecutor(JobRegistry):
 
     def _drain_done(self) -> None:
         workers = self._workers
-        if workers is not None and workers.waiting and self._state == "running":
+        if workers is not None and workers.waiting and self._life.running:
             # Runs still wait for a thread: starting them matters more than bookkeeping, so
             # leave the GIL to the workers and look again shortly (the flag stays set, so
             # finishing workers do not wake the loop meanwhile).
@@ -221,8 +275,8 @@ class RunExecutor(JobRegistry):
 
     async def _run_async(self, run: Run) -> None:
         run.started_at = self.clock.now()
-        spec = run.job.spec
-        _current.set(run.ctx)
+        spec = run.state.spec
+        _current.set(run)
         error: BaseException | None = None
         try:
             await spec.func(*spec.args, **spec.kwargs)
@@ -233,191 +287,97 @@ class RunExecutor(JobRegistry):
             error = exc
         self._finish(run, error, self.clock.now())
 
-    def _expire(self, now: datetime) -> None:
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, run = heapq.heappop(self._deadlines)
+    # ---- cutting runs off --------------------------------------------------------------
+
+    def expire(self, now: datetime) -> None:
+        """Cut off the runs past their timeout."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, run = heapq.heappop(deadlines)
             if run.finished:
                 continue
-            run.timed_out = True
-            run.why = f"passed its timeout of {run.job.spec.timeout}"
-            run.ctx.cancel()
-            if run.task is not None:
-                run.task.cancel()
-            spec = run.job.spec
-            self.observer.log(
-                _WARNING,
-                "timed_out",
-                f"run passed its timeout of {spec.timeout}; "
+            timeout = run.state.spec.timeout
+            run.cut_off(f"passed its timeout of {timeout}", abandoned=False)
+            self._observer.log(
+                _WARNING, "timed_out",
+                f"run passed its timeout of {timeout}; "
                 + ("cancelled" if run.task else "signalled (cancel event set)"),
-                spec.name,
-                run.claim.scheduled_at,
-                run.claim.run_id,
-            )
-            if self.observer.listeners:
-                self.observer.notify(
-                    "on_timeout", self._event_of(run, Outcome.TIMED_OUT, None, None)
-                )
+                run.job_name, run.scheduled_at, run.run_id,
+            )  # fmt: skip
+            if self._observer.listeners:
+                self._observer.notify("on_timeout", run.event(Outcome.TIMED_OUT, None))
 
-    def _lock_lost(self, run_ids: Sequence[int]) -> None:
+    def lock_lost(self, run_ids: Sequence[int]) -> None:
         """The backend lost these runs' locks: they are no longer protected against overlap,
         so they are told to stop and will be recorded abandoned."""
         lost = set(run_ids)
-        for run in list(self._active):
-            if run.claim.run_id not in lost or run.finished:
+        for run in list(self.active):
+            if run.run_id not in lost or run.finished:
                 continue
-            run.abandoned = True
-            run.why = "lost its lock with the backend session"
-            run.ctx.cancel()
-            if run.task is not None:
-                run.task.cancel()
-            claim = run.claim
+            run.cut_off("lost its lock with the backend session", abandoned=True)
             error = ConnectionError("the run's lock was lost with the backend session")
-            self.observer.log(
+            self._observer.log(
                 _ERROR, "lock_lost", "lost the run's lock; the run was told to stop",
-                claim.job, claim.scheduled_at, claim.run_id,
+                run.job_name, run.scheduled_at, run.run_id,
             )  # fmt: skip
-            if self.observer.listeners:
-                self.observer.notify("on_lock_error", self._event_of(run, None, None, error))
+            if self._observer.listeners:
+                self._observer.notify("on_lock_error", run.event(None, error))
+
+    async def wait_finished(self, timeout: float) -> None:
+        assert self._idle is not None
+        if self.active:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+
+    async def abandon_all(self) -> None:
+        """At shutdown: cut off every run still going; recorded abandoned."""
+        tasks = []
+        for run in list(self.active):
+            run.cut_off("the scheduler shut down before the run returned", abandoned=True)
+            if run.task is not None:
+                tasks.append(run.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        for run in list(self.active):  # sync runs still in their threads
+            self._finish(run, None, self.clock.now())
+
+    async def stop_workers(self, wait: bool) -> None:
+        assert self._workers is not None
+        stuck = await asyncio.to_thread(self._workers.stop, 0.5 if wait else 0.0)
+        for thread in stuck:
+            self._observer.log(_ERROR, "worker_stuck", f"{thread.name} ignores cancellation")
+
+    # ---- finishing ---------------------------------------------------------------------
 
     def _finish(self, run: Run, error: BaseException | None, finished: datetime) -> None:
         if run.finished:
             return
         run.finished = True
-        state = run.job
+        state = run.state
         state.running -= 1
-        self._active.discard(run)
-        claim = run.claim
+        self.active.discard(run)
         if run.abandoned:
             outcome = Outcome.ABANDONED
         elif run.timed_out:
             outcome = Outcome.TIMED_OUT
-            deadline = run.ctx.deadline
+            deadline = run.deadline
             overrun = timedelta(0) if deadline is None else finished - deadline
             if run.task is None and overrun > timedelta(0):
-                self.observer.log(
+                self._observer.log(
                     _WARNING, "overrun", f"sync run returned {overrun} after its timeout",
-                    claim.job, claim.scheduled_at, claim.run_id,
+                    run.job_name, run.scheduled_at, run.run_id,
                 )  # fmt: skip
         else:
             outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
         text = run.why if error is None else f"{type(error).__name__}: {error}"
         record = RunRecord(
-            claim.job, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
+            run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
             run.started_at, finished, text,
         )  # fmt: skip
-        self._report(record, state, error=error, notify_timeout=not run.timed_out)
-        self._queue_release(record, claim.locked, state)
-        if not self._active:
+        recorder = self._recorder
+        recorder.report(record, state, error=error, notify_timeout=not run.timed_out)
+        recorder.release(record, run.locked, state)
+        if not self.active:
             assert self._idle is not None
             self._idle.set()
-            self._quiet_may_have_changed()
-
-    # ---- outcomes ----------------------------------------------------------------------
-
-    def _record(
-        self, state: JobState, claim: Claim, outcome: Outcome, detail: str, unlock: bool = False
-    ) -> None:
-        record = RunRecord(
-            state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
-            None, None, detail,
-        )  # fmt: skip
-        self._report(record, state, detail=detail)
-        self._queue_release(record, unlock, None)
-
-    def _report(
-        self,
-        record: RunRecord,
-        state: JobState | None,
-        *,
-        error: BaseException | None = None,
-        detail: str | None = None,
-        notify_timeout: bool = True,
-    ) -> None:
-        if state is not None:
-            state.last_record = pack_record(record)
-            state.last_error, state.last_detail = error, detail
-        outcome = record.outcome
-        level = _LOG_LEVEL[outcome]
-        if self.observer.enabled(level):
-            if outcome is Outcome.FAILED:
-                message = f"run failed: {record.error}"
-            elif outcome is Outcome.SUCCEEDED:
-                message = f"run succeeded in {record.finished_at - record.started_at}"  # type: ignore[operator]
-            else:
-                message = f"{outcome.value}" + (f": {detail}" if detail else "")
-            self.observer.log(
-                level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
-            )
-        if self.observer.listeners and (notify_timeout or outcome is not Outcome.TIMED_OUT):
-            self.observer.notify(_LISTENER_HOOK[outcome], event_of(record, error, detail))
-
-    def _notify_lock_error(self, ticks: list[Tick], exc: Exception) -> None:
-        if self.observer.listeners:
-            for tick in ticks:
-                event = RunEvent(tick.job, tick.scheduled_at, self.replica_id, error=exc)
-                self.observer.notify("on_lock_error", event)
-
-    def _queue_release(self, record: RunRecord, unlock: bool, state: JobState | None) -> None:
-        self._releases.append((record, unlock, state))
-        if len(self._releases) == 1:
-            self._spawn(self._flush_releases())
-
-    async def _flush_releases(self) -> None:
-        while self._releases:
-            batch, self._releases = self._releases, []
-            try:
-                await self.backend.release([Release(record, unlock) for record, unlock, _ in batch])
-            except Exception as exc:
-                for record, _, _ in batch:
-                    self.observer.log(
-                        _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
-                        record.job, record.scheduled_at, record.run_id, exc,
-                    )  # fmt: skip
-            if self._state != "running":
-                continue
-            for _, _, state in batch:
-                if state is not None and (state.pending or state.backlog) and not state.running:
-                    await self._start_queued(state)
-            self._start_waiting_for_a_slot()
-
-    async def _start_queued(self, finished: JobState) -> None:
-        """After a run of ``finished`` ended: its queued tick or its next catch-up tick."""
-        pending = finished.pending
-        if pending is not None:
-            finished.pending = None
-            try:
-                locked = finished.spec.overlap == "allow" or await self.backend.lock(pending)
-            except Exception as exc:
-                self._record(finished, pending, Outcome.MISSED, f"could not take its lock: {exc}")
-            else:
-                if not locked:
-                    self._record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
-                else:
-                    self._start(finished, pending._replace(locked=finished.spec.overlap != "allow"))
-        if finished.backlog and not finished.running:
-            with self._lock:
-                self._immediate.append(Tick(finished.spec.name, finished.backlog.popleft()))
-            self._poke()
-
-    def _start_waiting_for_a_slot(self) -> None:
-        limit = self.max_concurrent_jobs
-        while self._waiting and (limit is None or len(self._active) < limit):
-            state, claim = self._waiting.popleft()
-            self._start(state, claim)
-
-    def _event_of(
-        self, run: Run, outcome: Outcome | None, finished: datetime | None,
-        error: BaseException | None,
-    ) -> RunEvent:  # fmt: skip
-        claim = run.claim
-        return RunEvent(
-            claim.job, claim.scheduled_at, self.replica_id, claim.run_id, outcome,
-            run.started_at, finished, error,
-        )  # fmt: skip
-
-    def _spawn(self, awaitable: Awaitable[Any]) -> None:
-        assert self._loop is not None
-        task: asyncio.Task[Any] = asyncio.ensure_future(awaitable, loop=self._loop)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(self._quiet_may_have_changed)
+            self._on_idle()

@@ -1,0 +1,181 @@
+"""Dispatch: the due ticks of a step claimed from the backend in one batch, and each answer
+turned into a run, a record, or a tick waiting for its turn (overlap and concurrency limit)."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Literal
+
+from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
+from replicron.clock import Clock
+from replicron.events import Outcome
+
+from .observe import Observer
+from .planner import Tick, overlap_action
+from .recorder import Recorder
+from .registry import JobRegistry, JobState
+from .retries import Retries
+from .runs import RunExecutor
+
+__all__ = ["ConcurrencyMode", "Dispatcher", "TickAction"]
+
+_DEBUG = logging.DEBUG
+ConcurrencyMode = Literal["queue", "skip"]
+#: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
+TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
+#: Named tuples built from a tuple of their fields without a Python-level call.
+_new = tuple.__new__
+
+
+class Dispatcher:
+    """Owns the ticks waiting for a slot under ``max_concurrent_jobs``; a job's one queued
+    tick (overlap "queue") and catch-up backlog live in its ``JobState``."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        clock: Clock,
+        registry: JobRegistry,
+        runs: RunExecutor,
+        recorder: Recorder,
+        retries: Retries,
+        observer: Observer,
+        max_concurrent_jobs: int | None,
+        concurrency_mode: ConcurrencyMode,
+    ) -> None:
+        self._backend, self._clock, self._registry = backend, clock, registry
+        self._runs, self._recorder, self._retries, self._observer = (
+            runs, recorder, retries, observer,
+        )  # fmt: skip
+        self.max_concurrent_jobs = max_concurrent_jobs
+        self.concurrency_mode = concurrency_mode
+        self.waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
+
+    async def dispatch(self, ticks: list[Tick]) -> None:
+        # These loops run once per tick of a burst, thousands of times at one instant, before
+        # the last run of the burst can begin: keep them lean.
+        requests: list[ClaimRequest] = []
+        states: list[JobState] = []
+        unusual: dict[int, TickAction] = {}  # position -> action, where it is not simply "run"
+        limit, jobs_get = self.max_concurrent_jobs, self._registry.get
+        active = len(self._runs.active) + len(self.waiting)
+        add_request, add_state = requests.append, states.append
+        for job, scheduled_at in ticks:
+            state = jobs_get(job)
+            if state is None:
+                continue
+            lock = state.spec.overlap != "allow"
+            if state.running or limit is not None:
+                action = self._action(state, active)
+                if action == "run" or action == "limit_queue":
+                    active += 1
+                else:
+                    lock = False
+                if action != "run":
+                    unusual[len(states)] = action
+            add_request(_new(ClaimRequest, (job, scheduled_at, lock)))
+            add_state(state)
+        if not requests:
+            return
+        claims = await self._backend.claim(requests)
+        del requests  # thousands of objects, no longer needed while the runs start
+        runs = self._runs
+        runs.hold_collector()  # if asked to: only now, with the claims in hand
+        try:
+            now = self._clock.now()
+            if unusual:
+                for index, (state, claim) in enumerate(zip(states, claims, strict=True)):
+                    self._settle(state, claim, unusual.get(index, "run"), now)
+            else:
+                start, claimed = runs.start, ClaimStatus.CLAIMED
+                for state, claim in zip(states, claims, strict=True):
+                    if claim.status is claimed:
+                        start(state, claim, now)
+                    else:
+                        self._settle(state, claim, "run", now)
+            runs.submit_all()  # hand the instant's sync runs over before anything else
+        finally:
+            runs.release_collector_once_started()
+
+    def _action(self, state: JobState, active: int) -> TickAction:
+        """What to do with a tick of a job that is running here, or under a concurrency
+        limit with ``active`` runs started or waiting."""
+        action: TickAction = overlap_action(state.spec.overlap, state.running)
+        limit = self.max_concurrent_jobs
+        if action == "run" and limit is not None and active >= limit:
+            return "limit_skip" if self.concurrency_mode == "skip" else "limit_queue"
+        return action
+
+    def _settle(self, state: JobState, claim: Claim, action: TickAction, now: datetime) -> None:
+        """Start, record, queue or drop a tick the backend answered for."""
+        status, record = claim.status, self._recorder.record
+        if status is ClaimStatus.TAKEN:
+            self._observer.log(
+                _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
+            )
+        elif status is ClaimStatus.LOCKED:
+            record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
+        elif status is ClaimStatus.EARLY:
+            self._observer.log(
+                _DEBUG, "early", "not yet due by the backend's clock; asking again shortly",
+                claim.job, claim.scheduled_at,
+            )  # fmt: skip
+            self._retries.early(Tick(claim.job, claim.scheduled_at), now)
+        elif action == "run":
+            self._runs.start(state, claim, now)
+        elif action == "skip":
+            record(state, claim, Outcome.SKIPPED_OVERLAP, "previous run still going")
+        elif action == "limit_skip":
+            record(state, claim, Outcome.SKIPPED_LIMIT, "max_concurrent_jobs reached")
+        elif action == "limit_queue":
+            self.waiting.append((state, claim))
+        else:  # overlap "queue": keep one tick waiting; a newer one replaces it
+            if state.pending is not None:
+                record(state, state.pending, Outcome.MISSED, "a later tick was queued")
+            state.pending = claim
+
+    async def after_release(self, states: Sequence[JobState | None]) -> None:
+        """Outcomes were written: start what waited for those runs to end."""
+        for state in states:
+            if state is not None and (state.pending or state.backlog) and not state.running:
+                await self._start_queued(state)
+        self._start_waiting_for_a_slot()
+
+    async def _start_queued(self, finished: JobState) -> None:
+        """After a run of ``finished`` ended: its queued tick or its next catch-up tick."""
+        pending, record = finished.pending, self._recorder.record
+        if pending is not None:
+            finished.pending = None
+            allow = finished.spec.overlap == "allow"
+            try:
+                locked = allow or await self._backend.lock(pending)
+            except Exception as exc:
+                record(finished, pending, Outcome.MISSED, f"could not take its lock: {exc}")
+            else:
+                if not locked:
+                    record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
+                else:
+                    self._runs.start(finished, pending._replace(locked=not allow))
+        if finished.backlog and not finished.running:
+            self._registry.run_soon(Tick(finished.spec.name, finished.backlog.popleft()))
+
+    def _start_waiting_for_a_slot(self) -> None:
+        limit, active = self.max_concurrent_jobs, self._runs.active
+        while self.waiting and (limit is None or len(active) < limit):
+            state, claim = self.waiting.popleft()
+            self._runs.start(state, claim)
+
+    def drop_waiting(self) -> None:
+        """At shutdown: the ticks still waiting for their turn are recorded missed."""
+        record = self._recorder.record
+        for state, claim in self.waiting:
+            record(state, claim, Outcome.MISSED, "scheduler shut down first", claim.locked)
+        self.waiting.clear()
+        for state in self._registry.states():
+            if state.pending is not None:
+                record(state, state.pending, Outcome.MISSED, "scheduler shut down first")
+                state.pending = None

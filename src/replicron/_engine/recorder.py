@@ -1,0 +1,161 @@
+"""How runs and ticks ended: logged, told to listeners, kept as each job's latest outcome, and
+written to the backend in batches."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_record
+from replicron.events import Outcome, RunEvent
+
+from .background import Background
+from .lifecycle import Lifecycle
+from .observe import Observer
+from .planner import Tick
+from .registry import JobRegistry, JobState, event_of
+
+__all__ = ["Recorder"]
+
+_DEBUG, _INFO, _WARNING, _ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
+_LOG_LEVEL = {
+    Outcome.SUCCEEDED: _DEBUG,
+    Outcome.FAILED: _ERROR,
+    Outcome.SKIPPED_OVERLAP: _INFO,
+    Outcome.TIMED_OUT: _WARNING,
+    Outcome.SKIPPED_LIMIT: _WARNING,
+    Outcome.MISSED: _WARNING,
+    Outcome.ABANDONED: _WARNING,
+}
+_LISTENER_HOOK = {
+    Outcome.SUCCEEDED: "after_success",
+    Outcome.FAILED: "after_failure",
+    Outcome.TIMED_OUT: "on_timeout",
+    Outcome.SKIPPED_OVERLAP: "on_skipped",
+    Outcome.SKIPPED_LIMIT: "on_skipped",
+    Outcome.MISSED: "on_missed",
+    Outcome.ABANDONED: "on_abandoned",
+}
+#: Called with the jobs whose outcomes were just written (None where the outcome was not a
+#: run's), once they are: what waited for them may start.
+AfterRelease = Callable[[Sequence[JobState | None]], Awaitable[None]]
+
+
+async def _nothing_waits(states: Sequence[JobState | None]) -> None:
+    return None
+
+
+class Recorder:
+    """Outcomes go out in batches: while one batch is written, the next one gathers. A run's
+    lock is released with its outcome, after it is written (see ``Backend.release``)."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        registry: JobRegistry,
+        observer: Observer,
+        background: Background,
+        life: Lifecycle,
+        replica_id: str,
+    ) -> None:
+        self._backend, self._registry, self._observer = backend, registry, observer
+        self._background, self._life, self.replica_id = background, life, replica_id
+        self._releases: list[Release] = []
+        self._released_states: list[JobState | None] = []
+        self.after_release: AfterRelease = _nothing_waits
+
+    def __bool__(self) -> bool:
+        """Whether outcomes wait to be written."""
+        return bool(self._releases)
+
+    def record(
+        self, state: JobState, claim: Claim, outcome: Outcome, detail: str, unlock: bool = False
+    ) -> None:
+        """A claimed tick that did not run (skipped, missed, ...)."""
+        record = RunRecord(
+            state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
+            None, None, detail,
+        )  # fmt: skip
+        self.report(record, state, detail=detail)
+        self.release(record, unlock, None)
+
+    def report(
+        self,
+        record: RunRecord,
+        state: JobState | None,
+        *,
+        error: BaseException | None = None,
+        detail: str | None = None,
+        notify_timeout: bool = True,
+    ) -> None:
+        """Log the outcome, tell the listeners, keep it as the job's latest."""
+        if state is not None:
+            state.last_record = pack_record(record)
+            state.last_error, state.last_detail = error, detail
+        outcome = record.outcome
+        observer = self._observer
+        level = _LOG_LEVEL[outcome]
+        if observer.enabled(level):
+            if outcome is Outcome.FAILED:
+                message = f"run failed: {record.error}"
+            elif outcome is Outcome.SUCCEEDED:
+                message = f"run succeeded in {record.finished_at - record.started_at}"  # type: ignore[operator]
+            else:
+                message = f"{outcome.value}" + (f": {detail}" if detail else "")
+            observer.log(
+                level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
+            )
+        if observer.listeners and (notify_timeout or outcome is not Outcome.TIMED_OUT):
+            observer.notify(_LISTENER_HOOK[outcome], event_of(record, error, detail))
+
+    def release(self, record: RunRecord, unlock: bool, state: JobState | None) -> None:
+        """Write ``record`` with the next batch, then release its lock if ``unlock``; then
+        tell ``after_release`` about ``state``."""
+        releases = self._releases
+        releases.append(Release(record, unlock))
+        self._released_states.append(state)
+        if len(releases) == 1:
+            self._background.spawn(self.flush())
+
+    async def flush(self) -> None:
+        while self._releases:
+            batch, self._releases = self._releases, []
+            states, self._released_states = self._released_states, []
+            try:
+                await self._backend.release(batch)
+            except Exception as exc:
+                for record, _ in batch:
+                    self._observer.log(
+                        _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
+                        record.job, record.scheduled_at, record.run_id, exc,
+                    )  # fmt: skip
+            if self._life.running:  # once stopping, nothing more starts
+                await self.after_release(states)
+
+    async def record_missed(
+        self, ticks: list[Tick], truncated: set[str], why: str = "a later tick was due"
+    ) -> list[Tick]:
+        """Record ``ticks`` missed, where no replica has them; returns those the backend
+        found not yet due by its clock (ours runs ahead): they are to be claimed shortly."""
+        missed, replica = Outcome.MISSED, self.replica_id
+        records = [
+            RunRecord(t.job, t.scheduled_at, missed, replica, None, None, None, why) for t in ticks
+        ]
+        recorded = await self._backend.record_unclaimed(records)
+        early: list[Tick] = []
+        for record, ours in zip(records, recorded, strict=True):
+            if ours:
+                self.report(record, self._registry.get(record.job), detail=why)
+            elif ours is None:
+                early.append(Tick(record.job, record.scheduled_at))
+        for name in truncated:
+            self._observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
+        return early
+
+    def lock_error(self, ticks: list[Tick], exc: Exception) -> None:
+        self._observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
+        if self._observer.listeners:
+            for tick in ticks:
+                event = RunEvent(tick.job, tick.scheduled_at, self.replica_id, error=exc)
+                self._observer.notify("on_lock_error", event)

@@ -1,0 +1,127 @@
+"""Ticks that fell due while nothing handled them: missed while no replica was up (caught
+up on start), or unhandled while the backend was unreachable (resynced once it answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from datetime import datetime
+
+from replicron.backends.base import Backend
+
+from .observe import Observer
+from .planner import Tick, catch_up_plan, resync_plan, ticks_from
+from .recorder import Recorder
+from .registry import JobRegistry
+from .retries import Retries
+
+__all__ = ["Recovery"]
+
+_WARNING, _ERROR = logging.WARNING, logging.ERROR
+
+
+class Recovery:
+    """Each job's ``catch_up`` and ``misfire_grace`` decide which of those ticks run and
+    which are recorded missed (see ``catch_up_plan`` and ``resync_plan``)."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        registry: JobRegistry,
+        recorder: Recorder,
+        retries: Retries,
+        observer: Observer,
+    ) -> None:
+        self._backend, self._registry, self._recorder = backend, registry, recorder
+        self._retries, self._observer = retries, observer
+
+    async def record_missed(self, ticks: list[Tick], truncated: set[str], why: str) -> None:
+        """Record ``ticks`` missed; those not yet due by the backend's clock are retried."""
+        early = await self._recorder.record_missed(ticks, truncated, why)
+        now = self._registry.clock.now()
+        for tick in early:
+            self._retries.early(tick, now)
+
+    async def catch_up(self, names: list[str], now: datetime) -> list[Tick]:
+        """Ticks of ``names`` missed since each one's last recorded tick: returns the first
+        to run now (the rest of a backlog runs one after another); records the others."""
+        runs: list[Tick] = []
+        lasts = await self._backend.last_ticks(names)
+        for name in names:
+            state, last = self._registry.get(name), lasts.get(name)
+            if state is None or last is None:
+                continue
+            spec = state.spec
+            due, missed, truncated = catch_up_plan(
+                spec.trigger, last, now, spec.catch_up, spec.misfire_grace
+            )
+            if due:
+                # Catch-up runs go one after another, whatever the overlap policy.
+                runs.append(Tick(name, due[0]))
+                if len(due) > 1:
+                    state.backlog = deque(due[1:])
+            if missed:
+                await self.record_missed(
+                    [Tick(name, t) for t in missed],
+                    {name} if truncated else set(),
+                    "no replica ran it when it fell due (caught up on start)",
+                )
+        return runs
+
+    async def resync(self, now: datetime, due_now: set[str]) -> list[Tick]:
+        """Ticks whose handling failed, now that the backend may answer: handled like ticks
+        missed while no replica was up (see ``resync_plan``)."""
+        unhandled = self._retries.take_unhandled()
+        runs: list[Tick] = []
+        missed: list[Tick] = []
+        for name, (first, last) in unhandled.items():
+            state = self._registry.get(name)
+            if state is None:
+                continue
+            spec = state.spec
+            run, skip = resync_plan(
+                spec.trigger, first, last, now, spec.catch_up, spec.misfire_grace,
+                superseded=name in due_now,
+            )  # fmt: skip
+            if run:
+                runs.append(Tick(name, run[0]))
+                if len(run) > 1:
+                    state.backlog = deque(run[1:])
+            missed += [Tick(name, tick) for tick in skip]
+        if missed:
+            why = "the backend was unreachable when it fell due"
+            try:
+                await self.record_missed(missed, set(), why)
+            except Exception as exc:
+                self._recorder.lock_error(missed, exc)
+                self._retries.unhandle(missed + runs, now)
+                return []
+        if runs or missed:
+            self._observer.log(
+                _WARNING, "resync",
+                f"backend reachable again: {len(runs)} ticks to run, {len(missed)} recorded "
+                "missed (by each job's catch_up and misfire_grace)",
+            )  # fmt: skip
+        return runs
+
+    async def record_unhandled_at_stop(self, limit: float) -> None:
+        """Ticks whose handling failed with the backend, at shutdown: recorded missed if the
+        backend answers within ``limit`` seconds, else named in an ERROR record."""
+        unhandled = self._retries.take_unhandled()
+        ticks = [
+            Tick(name, tick)
+            for name, (first, last) in unhandled.items()
+            if (state := self._registry.get(name)) is not None
+            for tick in ticks_from(state.spec.trigger, first, last)
+        ]
+        why = "the backend was unreachable when it fell due, and the scheduler shut down"
+        try:
+            await asyncio.wait_for(self._recorder.record_missed(ticks, set(), why), limit)
+        except Exception as exc:
+            listed = ", ".join(f"{job}@{tick.isoformat()}" for job, tick in ticks)
+            self._observer.log(
+                _ERROR, "lock_error", f"could not record {len(ticks)} unhandled ticks as "
+                f"missed before shutting down ({exc!r}): {listed}",
+            )  # fmt: skip

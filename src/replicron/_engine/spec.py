@@ -1,0 +1,199 @@
+"""Job specifications: validated once, at registration, so that nothing fails at first fire."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, tzinfo
+from typing import Any
+
+from replicron.errors import InvalidJobArgumentsError, InvalidJobNameError, InvalidJobOptionError
+from replicron.keys import check_job_name
+from replicron.triggers import (
+    IntervalTrigger,
+    OneTimeTrigger,
+    Trigger,
+    WallClockTrigger,
+    require_aware,
+)
+
+from .planner import CatchUp, OverlapPolicy
+
+__all__ = ["JobSpec", "build_job_spec"]
+
+_OVERLAP = ("skip", "queue", "allow")
+_NO_TAGS: frozenset[str] = frozenset()
+_KNOWN_TRIGGERS = (WallClockTrigger, IntervalTrigger, OneTimeTrigger)
+_CATCH_UP = ("latest", "none", "all")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything about a job except its run-time state."""
+
+    name: str
+    trigger: Trigger
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(hash=False)
+    is_async: bool
+    tags: frozenset[str]
+    overlap: OverlapPolicy
+    timeout: timedelta | None
+    start_at: datetime | None
+    stop_at: datetime | None
+    max_runs: int | None
+    catch_up: CatchUp
+    misfire_grace: timedelta | None
+
+
+def build_job_spec(
+    trigger: Trigger,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    name: str | None,
+    tags: Iterable[str] | str,
+    overlap: str,
+    timeout: timedelta | float | None,
+    start_at: datetime | None,
+    stop_at: datetime | None,
+    max_runs: int | None,
+    catch_up: str,
+    misfire_grace: timedelta | float | None,
+    default_tz: tzinfo,
+) -> JobSpec:
+    """Validate every part of a job; errors name the job and the field."""
+    if not callable(func):
+        raise InvalidJobOptionError(f"job function must be callable, not {func!r}")
+    job = _job_name(name, func)
+
+    def bad(field_name: str, reason: str) -> InvalidJobOptionError:
+        return InvalidJobOptionError(f"job {job!r}: {field_name} {reason}")
+
+    # The concrete classes first: a runtime Protocol check costs tens of microseconds.
+    if not isinstance(trigger, _KNOWN_TRIGGERS) and not isinstance(trigger, Trigger):
+        raise bad("trigger", f"must be a trigger such as cron(...) or every(...), not {trigger!r}")
+    if isinstance(trigger, WallClockTrigger):
+        trigger = trigger.with_default_timezone(default_tz)
+    if isinstance(trigger, IntervalTrigger) and not trigger.key:
+        trigger = trigger.for_job(job)
+    _bind(job, func, args, kwargs)
+    if overlap not in _OVERLAP:
+        raise bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
+    if catch_up not in _CATCH_UP:
+        raise bad("catch_up", f"must be one of {', '.join(_CATCH_UP)}, not {catch_up!r}")
+    if max_runs is not None and (
+        isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+    ):
+        raise bad("max_runs", f"must be a whole number of at least 1, not {max_runs!r}")
+    for label, instant in (("start_at", start_at), ("stop_at", stop_at)):
+        if instant is not None:
+            try:
+                require_aware(instant, label)
+            except (TypeError, ValueError) as exc:
+                raise bad(label, str(exc)) from None
+    if start_at is not None and isinstance(trigger, IntervalTrigger):
+        trigger = trigger.with_default_anchor(start_at)  # intervals count from start_at
+    if start_at is not None and stop_at is not None and stop_at <= start_at:
+        raise bad("stop_at", f"{stop_at.isoformat()} is not after start_at {start_at.isoformat()}")
+    return JobSpec(
+        name=job,
+        trigger=trigger,
+        func=func,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        is_async=_is_async(func),
+        tags=_tags(job, tags),
+        overlap=overlap,  # type: ignore[arg-type]
+        timeout=_duration(job, "timeout", timeout, allow_zero=False),
+        start_at=start_at,
+        stop_at=stop_at,
+        max_runs=max_runs,
+        catch_up=catch_up,  # type: ignore[arg-type]
+        misfire_grace=_duration(job, "misfire_grace", misfire_grace, allow_zero=True),
+    )
+
+
+def _job_name(name: str | None, func: Callable[..., Any]) -> str:
+    if name is not None:
+        return check_job_name(name)
+    qualname = getattr(func, "__qualname__", None)
+    module = getattr(func, "__module__", None)
+    if not isinstance(qualname, str) or "<lambda>" in qualname:
+        raise InvalidJobNameError(
+            f"cannot derive a job name from {func!r}: pass name=... (it identifies the job "
+            "across replicas)"
+        )
+    return check_job_name(f"{module}.{qualname}" if module else qualname)
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None  # some builtins have no signature; nothing to check against
+
+
+def _bind(
+    job: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    try:
+        signature = _signature(func)
+    except TypeError:  # unhashable callable
+        signature = inspect.signature(func)
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidJobArgumentsError(
+            f"job {job!r}: arguments do not fit {getattr(func, '__name__', func)}{signature}: {exc}"
+        ) from None
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    try:
+        return _is_async_cached(func)
+    except TypeError:  # unhashable callable
+        return _is_async_uncached(func)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_async_cached(func: Callable[..., Any]) -> bool:
+    return _is_async_uncached(func)
+
+
+def _is_async_uncached(func: Callable[..., Any]) -> bool:
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)  # noqa: B004
+    )
+
+
+def _tags(job: str, tags: Iterable[str] | str) -> frozenset[str]:
+    items = [tags] if isinstance(tags, str) else list(tags)
+    for tag in items:
+        if not isinstance(tag, str) or not tag.strip():
+            raise InvalidJobOptionError(f"job {job!r}: tags must be non-empty strings, not {tag!r}")
+    return frozenset(items) if items else _NO_TAGS
+
+
+def _duration(
+    job: str, label: str, value: timedelta | float | None, *, allow_zero: bool
+) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise InvalidJobOptionError(
+            f"job {job!r}: {label} must be a timedelta or seconds, not {value!r}"
+        )
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(0) or (delta == timedelta(0) and not allow_zero):
+        raise InvalidJobOptionError(f"job {job!r}: {label} must be positive, not {value!r}")
+    return delta
