@@ -1,5 +1,6 @@
 """Shared fixtures: every test must leave no replicron thread running, and the garbage
-collector enabled (schedulers hold it back while an instant's runs start)."""
+collector enabled and not held back (schedulers with defer_gc=True hold it back while an
+instant's runs start)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def no_leaked_threads() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def collector_enabled_after() -> Iterator[None]:
     yield
-    if not gc.isenabled():
+    from replicron._engine.collector import holding
+
+    if not gc.isenabled() or holding():
         gc.enable()  # so that the tests after this one are not affected
-        pytest.fail("the test left the garbage collector disabled")
+        gc.set_threshold(700, 10, 10)
+        pytest.fail("the test left the garbage collector disabled or held back")

@@ -49,7 +49,7 @@ class _JobsAPI:
         stop_timeout: float = 30.0,
         listeners: Sequence[Listener] = (),
         max_workers: int = _DEFAULT_WORKERS,
-        defer_gc: bool = True,
+        defer_gc: bool = False,
     ) -> None:
         zone = resolve_zone(timezone)
         if max_concurrent_jobs is not None and (

@@ -13,7 +13,7 @@ import gc
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 
 import pytest
@@ -21,7 +21,7 @@ import pytest
 from replicron import MemoryBackend, Outcome, RunContext, Scheduler, every
 from replicron._engine import collector as _collector
 from replicron._engine import runs as _runs
-from replicron._engine.collector import HOLD_LIMIT, CollectorHold
+from replicron._engine.collector import HOLD_LIMIT, CollectorHold, holding
 from replicron._engine.planner import Tick
 from replicron._engine.runs import Run
 from replicron.backends import Claim, ClaimRequest
@@ -132,35 +132,59 @@ def holds() -> Iterator[list[CollectorHold]]:
 def test_holds_nest_across_schedulers_and_restore_the_collector(
     holds: list[CollectorHold],
 ) -> None:
+    before = gc.get_threshold()
     holds += [CollectorHold(True), CollectorHold(True), CollectorHold(False)]
     first, second, off = holds
     assert off.take() is False
-    assert gc.isenabled()
+    assert not holding()
     assert first.take() is True
     assert first.take() is False  # one hold per scheduler
     assert second.take() is True
-    assert not gc.isenabled()
+    assert holding()
     first.release()
     first.release()  # a second release changes nothing
-    assert not gc.isenabled()  # the other scheduler still holds it
+    assert holding()  # the other scheduler still holds it
     second.release()
-    assert gc.isenabled()
+    assert not holding()
+    assert gc.get_threshold() == before
 
 
-def test_a_process_that_turned_the_collector_off_keeps_it_off(
+def test_the_applications_own_gc_disable_is_never_overridden(
     holds: list[CollectorHold],
 ) -> None:
     holds.append(hold := CollectorHold(True))
-    gc.disable()
     try:
+        gc.disable()  # before a hold
         hold.take()
         hold.release()
         assert not gc.isenabled()
+        gc.enable()
+        hold.take()
+        gc.disable()  # during a hold
+        hold.release()
+        assert not gc.isenabled()
+        gc.enable()
+        hold.take()
+        assert gc.isenabled()  # a hold leaves the switch alone
     finally:
         gc.enable()
 
 
-def test_a_child_forked_during_a_hold_has_the_collector_enabled(
+def test_thresholds_the_application_sets_during_a_hold_stand(
+    holds: list[CollectorHold],
+) -> None:
+    before = gc.get_threshold()
+    holds.append(hold := CollectorHold(True))
+    try:
+        hold.take()
+        gc.set_threshold(1234, 11, 12)
+        hold.release()
+        assert gc.get_threshold() == (1234, 11, 12)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_child_forked_during_a_hold_has_the_collector_back(
     holds: list[CollectorHold],
 ) -> None:
     holds.append(hold := CollectorHold(True))
@@ -171,12 +195,25 @@ def test_a_child_forked_during_a_hold_has_the_collector_enabled(
         child_hold.take()
         child_hold.release()
         hold.release()  # a hold from before the fork changes nothing
-        os._exit(0 if gc.isenabled() else 1)
+        os._exit(1 if holding() else 0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert not gc.isenabled()  # the parent still holds it
+    assert holding()  # the parent still holds it
     hold.release()
-    assert gc.isenabled()
+    assert not holding()
+
+
+def test_importing_replicron_registers_no_fork_hook() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os, replicron, replicron._engine.collector as c; "
+        "s = replicron.Scheduler(); s.start(); s.shutdown(); "
+        "print(c._fork_hook)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def run_two_jobs_on_one_thread(
@@ -201,7 +238,7 @@ def test_the_collector_waits_while_an_instants_runs_start(
     # However slowly the first run's thread gets going, the limit does not end the hold.
     monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
     seen: list[bool] = []
-    run_two_jobs_on_one_thread(clock, lambda: seen.append(gc.isenabled()), defer_gc=defer_gc)
+    run_two_jobs_on_one_thread(clock, lambda: seen.append(not holding()), defer_gc=defer_gc)
     assert seen == [not defer_gc]
 
 
@@ -214,10 +251,37 @@ def test_async_runs_begin_with_the_collector_let_go(
     seen: list[bool] = []
 
     async def first() -> None:
-        seen.append(gc.isenabled())
+        seen.append(not holding())
 
-    run_two_jobs_on_one_thread(clock, first)
+    run_two_jobs_on_one_thread(clock, first, defer_gc=True)
     assert seen == [True]
+
+
+class _ClaimWatcher(MemoryBackend):
+    """The in-memory backend, noting whether the collector is held while it claims."""
+
+    held_while_claiming: list[bool]
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        self.held_while_claiming.append(holding())
+        return await super().claim(requests)
+
+
+def test_the_hold_begins_only_once_the_claims_are_answered(clock: FakeClock) -> None:
+    # A slow claim (an unreachable database, a contended file lock) must not hold the
+    # collector back: the hold covers starting the runs, not waiting for the backend.
+    backend = _ClaimWatcher()
+    backend.held_while_claiming = []
+    seen: list[bool] = []
+    s = Scheduler(clock=clock, backend=backend, defer_gc=True)
+    s.add_job(every(seconds=10), lambda: seen.append(holding()), name="job")
+    s.start()
+    try:
+        run_ticks(s, clock, 1, 1)
+    finally:
+        s.shutdown()
+    assert backend.held_while_claiming == [False]
+    assert seen == [True]  # the hold itself is on: the run began inside it
 
 
 def test_the_collector_is_held_back_for_at_most_the_limit(
@@ -238,5 +302,5 @@ def test_the_collector_is_held_back_for_at_most_the_limit(
         # within a generous bound of the limit.
         waited.append(released.wait(max(2.0, 20 * HOLD_LIMIT)))
 
-    run_two_jobs_on_one_thread(clock, first)
+    run_two_jobs_on_one_thread(clock, first, defer_gc=True)
     assert waited == [True]

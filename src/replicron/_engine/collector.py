@@ -1,17 +1,21 @@
-"""Keeping Python's automatic garbage collection out of the start of an instant's runs.
+"""Optionally keeping Python's automatic garbage collection out of the start of an instant's
+runs (``Scheduler(defer_gc=True)``; off by default).
 
 A full collection pass stops every thread for as long as scanning every tracked object takes:
 15 ms or so with 30,000 objects on a small VM, far longer in a large service. Landing while an
-instant's runs are being handed out, it delays every run not yet started by that much, and a
-busy scheduler's own allocations bring one about every few seconds. So while a scheduler
-starts an instant's runs it holds the automatic collector back (``gc.disable()``), and lets it
-go once every run has begun, or after :data:`HOLD_LIMIT` seconds at most: whatever collection
-fell due meanwhile then runs. Nothing is collected more often and nothing is skipped; a
-collection is only moved, by at most :data:`HOLD_LIMIT`.
+instant's runs are being handed out, it delays every run not yet started by that much. With
+``defer_gc=True``, once the backend has answered an instant's claims, the scheduler holds
+automatic collection back until every run has begun, or :data:`HOLD_LIMIT` seconds at most:
+whatever collection fell due meanwhile then runs. Nothing is collected more often and nothing
+is skipped; a collection is only moved, by at most :data:`HOLD_LIMIT`.
 
-Holds nest, across the schedulers of a process. The collector is enabled again only if it was
-enabled when the first hold began, so a process that turned it off keeps it off; a process
-forked during a hold enables it again in the child, where nothing would release the hold.
+The hold raises the first generation's threshold out of reach (``gc.set_threshold``) rather
+than calling ``gc.disable()``, so an application's own ``gc.disable()``/``gc.enable()`` are
+never overridden, before, during or after a hold. The thresholds are put back only if they
+are still the held ones: an application that set its own meanwhile keeps them. Holds nest
+across the schedulers of a process. A process forked during a hold gets its thresholds back
+in the child, where nothing would release the hold (the fork hook is registered with the
+first hold, not on import).
 """
 
 from __future__ import annotations
@@ -20,26 +24,43 @@ import gc
 import os
 import threading
 
-__all__ = ["HOLD_LIMIT", "CollectorHold"]
+__all__ = ["HELD_THRESHOLD", "HOLD_LIMIT", "CollectorHold", "holding"]
 
 #: Seconds a hold may last: runs that take long to start (a burst waiting for busy threads)
 #: must not keep cyclic garbage around for long.
 HOLD_LIMIT = 0.1
+#: The first generation's threshold while held: no burst allocates that many objects.
+HELD_THRESHOLD = 1 << 30
 
 _lock = threading.Lock()
 _holds = 0
-_enable_after = False
+_saved: tuple[int, ...] = ()  # the thresholds before the first hold
 _generation = 0  # a forked child starts a new one: holds taken before the fork are void
+_fork_hook = False
+
+
+def holding() -> bool:
+    """Whether automatic collection is held back now (by any scheduler of the process)."""
+    return gc.get_threshold()[0] == HELD_THRESHOLD
 
 
 def _hold() -> int:
-    global _holds, _enable_after
+    global _holds, _saved, _fork_hook
     with _lock:
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook = True
         if _holds == 0:
-            _enable_after = gc.isenabled()
-            gc.disable()
+            _saved = gc.get_threshold()
+            gc.set_threshold(HELD_THRESHOLD, *_saved[1:])
         _holds += 1
         return _generation
+
+
+def _put_back() -> None:
+    """Restore the thresholds saved by the first hold, unless changed since."""
+    if gc.get_threshold() == (HELD_THRESHOLD, *_saved[1:]):
+        gc.set_threshold(*_saved)
 
 
 def _release(generation: int) -> None:
@@ -48,21 +69,18 @@ def _release(generation: int) -> None:
         if generation != _generation:
             return
         _holds -= 1
-        if _holds == 0 and _enable_after:
-            gc.enable()
+        if _holds == 0:
+            _put_back()
 
 
 def _after_fork_in_child() -> None:
     # Only the forking thread lives on in the child: nobody there will release a hold.
     global _lock, _holds, _generation
     _lock = threading.Lock()
-    if _holds and _enable_after:
-        gc.enable()
+    if _holds:
+        _put_back()
     _holds = 0
     _generation += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class CollectorHold:
