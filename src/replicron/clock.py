@@ -18,6 +18,10 @@ __all__ = ["Clock", "ClusterClock", "SystemClock"]
 
 # Sleep in slices no longer than this, so that a wall-clock step (NTP, suspend) is noticed.
 _MAX_SLICE = 60.0
+# An asyncio timer fires up to a millisecond late (the selector waits whole milliseconds,
+# rounded up), and a burst of runs waits for it: the last stretch before a deadline shorter
+# than this is slept on the thread instead, blocking the loop that long at most.
+_FINE = 0.0015
 
 
 @runtime_checkable
@@ -43,13 +47,26 @@ class _RealTimeWaits:
     def now(self) -> datetime:
         raise NotImplementedError
 
+    def tells_unix_time(self) -> bool:
+        """Whether :meth:`from_unix` works: the engine then stamps a sync run's start and end
+        with ``time.time()`` on its worker thread (a tenth of the cost of an aware datetime)
+        and makes datetimes of them later, off the path of a burst of runs."""
+        return False
+
+    def from_unix(self, unix: float, /) -> datetime:
+        """This clock's time when the system clock read ``unix`` (a ``time.time()`` value)."""
+        raise NotImplementedError
+
     def sleep_until(self, deadline: datetime, /) -> None:
         while (remaining := (deadline - self.now()).total_seconds()) > 0:
             time.sleep(min(remaining, _MAX_SLICE))
 
     async def asleep_until(self, deadline: datetime, /) -> None:
         while (remaining := (deadline - self.now()).total_seconds()) > 0:
-            await asyncio.sleep(min(remaining, _MAX_SLICE))
+            if remaining <= _FINE:
+                time.sleep(remaining)
+            else:
+                await asyncio.sleep(min(remaining - _FINE, _MAX_SLICE))
 
 
 class SystemClock(_RealTimeWaits):
@@ -57,6 +74,12 @@ class SystemClock(_RealTimeWaits):
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+    def tells_unix_time(self) -> bool:
+        return True
+
+    def from_unix(self, unix: float, /) -> datetime:
+        return datetime.fromtimestamp(unix, UTC)
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -75,6 +98,16 @@ class ClusterClock(_RealTimeWaits):
     def now(self) -> datetime:
         offset = self._offset()
         return self.base.now() if offset is None else self.base.now() + offset
+
+    def tells_unix_time(self) -> bool:
+        base = self.base
+        return isinstance(base, _RealTimeWaits) and base.tells_unix_time()
+
+    def from_unix(self, unix: float, /) -> datetime:
+        base = self.base
+        assert isinstance(base, _RealTimeWaits)
+        offset = self._offset()
+        return base.from_unix(unix) if offset is None else base.from_unix(unix) + offset
 
     def __repr__(self) -> str:
         return f"ClusterClock({self.base!r}, offset={self._offset()})"

@@ -133,3 +133,36 @@ def test_async_sleeper_on_another_threads_loop_is_woken_thread_safely() -> None:
 
 def test_wait_for_sleepers_times_out_without_sleepers() -> None:
     assert FakeClock(START).wait_for_sleepers(1, timeout=0.01) is False
+
+
+def test_real_time_clocks_read_unix_times_and_others_do_not() -> None:
+    import time
+
+    from replicron.clock import ClusterClock
+
+    system = SystemClock()
+    unix = time.time()
+    assert system.tells_unix_time()
+    assert system.from_unix(unix) == datetime.fromtimestamp(unix, UTC)
+    ahead = ClusterClock(system, lambda: timedelta(seconds=3))
+    assert ahead.tells_unix_time()
+    assert ahead.from_unix(unix) == datetime.fromtimestamp(unix, UTC) + timedelta(seconds=3)
+    unmeasured = ClusterClock(system, lambda: None)
+    assert unmeasured.from_unix(unix) == datetime.fromtimestamp(unix, UTC)
+    assert not ClusterClock(FakeClock(START), lambda: None).tells_unix_time()
+
+
+def test_system_clock_never_wakes_before_its_deadline() -> None:
+    # It aims early with the loop's timer and sleeps the last stretch on the thread.
+    clock = SystemClock()
+
+    async def sleep_many() -> list[datetime]:
+        deadlines = []
+        for step in range(1, 20):
+            deadline = clock.now() + timedelta(microseconds=700 * step)
+            await clock.asleep_until(deadline)
+            assert clock.now() >= deadline
+            deadlines.append(deadline)
+        return deadlines
+
+    assert len(asyncio.run(sleep_many())) == 19

@@ -12,12 +12,13 @@ import contextlib
 import heapq
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from replicron.backends.base import Claim, RunRecord
-from replicron.clock import Clock
+from replicron.clock import Clock, _RealTimeWaits
 from replicron.context import RunContext, _current
 from replicron.events import Outcome, RunEvent
 
@@ -41,7 +42,7 @@ class Run(RunContext):
 
     __slots__ = (
         "abandoned", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
-        "timed_out", "why",
+        "timed_out", "unix_finished", "unix_started", "why",
     )  # fmt: skip
 
     def __init__(
@@ -69,6 +70,9 @@ class Run(RunContext):
         # A sync run's result, handed back to the loop with the run.
         self.error: BaseException | None = None
         self.finished_at: datetime | None = None
+        # Where the clock tells Unix time: the sync run's real start and end, on its thread.
+        self.unix_started: float | None = None
+        self.unix_finished = 0.0
 
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
         return RunEvent(
@@ -109,6 +113,10 @@ class RunExecutor:
             registry, recorder, observer, life,
         )  # fmt: skip
         self._max_workers, self._on_idle = max_workers, on_idle
+        self._from_unix: Callable[[float], datetime] | None = None
+        if isinstance(clock, _RealTimeWaits) and clock.tells_unix_time():
+            self._from_unix = clock.from_unix
+        self._unix_time = self._from_unix is not None
         self.active: set[Run] = set()
         self._deadlines: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
@@ -232,17 +240,23 @@ class RunExecutor:
     def _run_sync(self, run: Run) -> None:
         if run.finished:  # abandoned at shutdown before a worker got to it
             return
-        run.started_at = self.clock.now()
-        spec = run.state.spec
+        unix_time = self._unix_time
+        if unix_time:
+            run.unix_started = time.time()
+        else:
+            run.started_at = self.clock.now()
         token = _current.set(run)
         error: BaseException | None = None
         try:
-            spec.func(*spec.args, **spec.kwargs)
+            run.state.spec.call()
         except BaseException as exc:  # a task must never take its worker thread down
             error = exc
         finally:
             _current.reset(token)
-        run.finished_at = self.clock.now()
+        if unix_time:
+            run.unix_finished = time.time()
+        else:
+            run.finished_at = self.clock.now()
         run.error = error
         # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
         # No lock: deque appends are atomic, and _drain_done clears the flag before it
@@ -267,19 +281,20 @@ class RunExecutor:
             return
         self._done_wake_pending = False
         done, finish = self._done, self._finish
+        from_unix = self._from_unix
         while done:
             run = done.popleft()
-            assert run.finished_at is not None
-            finish(run, run.error, run.finished_at)
+            finished = run.finished_at if from_unix is None else from_unix(run.unix_finished)
+            assert finished is not None
+            finish(run, run.error, finished)
             run.error = None  # a run with a timeout stays referenced until its deadline
 
     async def _run_async(self, run: Run) -> None:
         run.started_at = self.clock.now()
-        spec = run.state.spec
         _current.set(run)
         error: BaseException | None = None
         try:
-            await spec.func(*spec.args, **spec.kwargs)
+            await run.state.spec.call()
         except asyncio.CancelledError as exc:
             if not (run.timed_out or run.abandoned):
                 error = exc
@@ -353,6 +368,8 @@ class RunExecutor:
         if run.finished:
             return
         run.finished = True
+        if run.unix_started is not None and self._from_unix is not None:
+            run.started_at = self._from_unix(run.unix_started)
         state = run.state
         state.running -= 1
         self.active.discard(run)

@@ -47,6 +47,14 @@ class JobSpec:
     max_runs: int | None
     catch_up: CatchUp
     misfire_grace: timedelta | None
+    #: ``func`` with its arguments bound: one call per run, no argument unpacking.
+    call: Callable[[], Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bound = self.func
+        if self.args or self.kwargs:
+            bound = functools.partial(self.func, *self.args, **self.kwargs)
+        object.__setattr__(self, "call", bound)
 
 
 def build_job_spec(
