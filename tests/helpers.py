@@ -8,7 +8,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from replicron import Listener, Outcome, RunEvent
@@ -36,6 +36,26 @@ def poll_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(every)
+
+
+def brute(
+    pred: Callable[[datetime], bool],
+    after: datetime,
+    count: int,
+    step: timedelta,
+    limit: int = 20_000,
+) -> list[datetime]:
+    """The reference oracle of the cron tests: the first ``count`` instants
+    ``after + k * step`` (k >= 1) that satisfy ``pred``."""
+    found: list[datetime] = []
+    current = after
+    for _ in range(limit):
+        current += step
+        if pred(current):
+            found.append(current)
+            if len(found) == count:
+                return found
+    raise AssertionError(f"reference found only {len(found)} fire times within the limit")
 
 
 def summary_recorder(lines: list[str]) -> Callable[[str], None]:

@@ -25,6 +25,7 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
+from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -118,15 +119,7 @@ class Host:
     def wait_until(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
         """Poll ``check`` until it returns something other than None/False; fail after
         ``timeout`` seconds or as soon as a replica dies unexpectedly."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            result = check()
-            if result is not None and result is not False:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(0.05)
+        return poll_until(what, check, timeout, before_each=self.check_alive)
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         """Wait until every replica runs its scheduler; the epoch time the last one did."""

@@ -28,6 +28,7 @@ from replicron.postgres import (
     migrate,
 )
 from replicron.postgres._sql import migrations, queries
+from replicron.postgres.migrate import MIGRATION_LOCK_KEY
 from tests.helpers import z
 
 CLAIMED, TAKEN, LOCKED = ClaimStatus.CLAIMED, ClaimStatus.TAKEN, ClaimStatus.LOCKED
@@ -173,6 +174,36 @@ def test_replicas_opening_together_on_an_empty_database(dsn: str) -> None:
 
     assert asyncio.run(main()) == [CLAIMED, TAKEN, TAKEN]
     assert sql(dsn, "SELECT version, name FROM replicron_migrations ORDER BY 1") == RECORDED
+
+
+def test_open_migrates_on_the_lock_session(dsn: str) -> None:
+    """The backend migrates on its lock session, not on a connection of its own: seen while
+    its migration waits for the migration lock, held meanwhile by another session."""
+
+    async def main() -> tuple[list[int], int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as holder:
+            await holder.execute("SELECT pg_advisory_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
+            backend = PostgresBackend(dsn, heartbeat_interval=3600)
+            opening = asyncio.create_task(backend.open("replica-a"))
+            waiting: list[int] = []
+            try:
+                for _ in range(500):  # up to 10 s for its migration to queue for the lock
+                    waiting = [pid for pid, *_, granted in advisory_locks(dsn) if not granted]
+                    if waiting or opening.done():
+                        break
+                    await asyncio.sleep(0.02)
+                lock_session = session_pid(dsn, "replica-a")
+                await holder.execute("SELECT pg_advisory_unlock_all()")
+                await opening
+                assert session_pid(dsn, "replica-a") == lock_session  # the same session
+            finally:
+                await backend.close()
+        return waiting, lock_session
+
+    waiting, lock_session = asyncio.run(main())
+    assert waiting == [lock_session]
+    assert sql(dsn, "SELECT version, name FROM replicron_migrations ORDER BY 1") == RECORDED
+    assert advisory_locks(dsn) == []
 
 
 # ---- lock keys --------------------------------------------------------------------------

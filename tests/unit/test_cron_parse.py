@@ -9,42 +9,23 @@ descriptors and "strictly after" are in ``test_cron_semantics.py``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 import replicron
 from replicron import CronSyntaxError, cron, upcoming
+from tests.helpers import brute
+from tests.helpers import z as utc
 
 Pred = Callable[[datetime], bool]
 MINUTE = timedelta(minutes=1)
 DAY = timedelta(days=1)
 
 
-def utc(
-    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
-) -> datetime:
-    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
-
-
 def dow(d: datetime) -> int:
     """Cron's weekday number: Sunday = 0, Monday = 1 ... Saturday = 6."""
     return d.isoweekday() % 7
-
-
-def brute(
-    pred: Pred, after: datetime, count: int, step: timedelta, limit: int = 20_000
-) -> list[datetime]:
-    """The first ``count`` instants ``after + k * step`` (k >= 1) that satisfy ``pred``."""
-    found: list[datetime] = []
-    current = after
-    for _ in range(limit):
-        current += step
-        if pred(current):
-            found.append(current)
-            if len(found) == count:
-                return found
-    raise AssertionError(f"reference found only {len(found)} fire times within the limit")
 
 
 def fires(expression: str, after: datetime, count: int) -> list[datetime]:

@@ -17,23 +17,13 @@ from hypothesis import strategies as st
 
 import replicron
 from replicron import cron, upcoming
+from tests.helpers import brute
+from tests.helpers import z as utc
 
 Pred = Callable[[datetime], bool]
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
 DAY = timedelta(days=1)
-
-
-def utc(
-    year: int,
-    month: int,
-    day: int,
-    hour: int = 0,
-    minute: int = 0,
-    second: int = 0,
-    microsecond: int = 0,
-) -> datetime:
-    return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
 
 
 def dow(d: datetime) -> int:
@@ -48,21 +38,6 @@ def last_day(d: datetime) -> bool:
 def nth(d: datetime) -> int:
     """Which occurrence of its weekday in the month ``d`` is (1 for days 1-7 ...)."""
     return (d.day - 1) // 7 + 1
-
-
-def brute(
-    pred: Pred, after: datetime, count: int, step: timedelta, limit: int = 20_000
-) -> list[datetime]:
-    """The first ``count`` instants ``after + k * step`` (k >= 1) that satisfy ``pred``."""
-    found: list[datetime] = []
-    current = after
-    for _ in range(limit):
-        current += step
-        if pred(current):
-            found.append(current)
-            if len(found) == count:
-                return found
-    raise AssertionError(f"reference found only {len(found)} fire times within the limit")
 
 
 def fires(expression: str, after: datetime, count: int, *, seconds: bool = False) -> list[datetime]:

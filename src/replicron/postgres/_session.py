@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import psycopg.errors
+from psycopg.pq import TransactionStatus
 
 from replicron.errors import ReplicronError
 
@@ -321,6 +322,32 @@ class LockSession:
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
             self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
             return rows
+
+    async def run(
+        self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, deadline: float
+    ) -> T:
+        """Run ``work`` on the session's connection, with no other statement of the session
+        in between (``work`` may open a transaction; it must end it). Connects first if
+        needed. As in :meth:`fetch`, a failed connection or a missed ``deadline`` closes the
+        session for good and raises :class:`BackendUnavailableError`; an error the server
+        answered with, leaving the session as it was, is raised as it is."""
+        async with self._serial:
+            await self._connect_locked()
+            conn = self._conn
+            assert conn is not None
+            try:
+                return await self._within(work(conn), deadline)
+            except asyncio.CancelledError:
+                await self._drop()
+                raise
+            except TimeoutError as exc:
+                await self._drop()
+                raise BackendUnavailableError(f"the lock session gave {exc}") from exc
+            except psycopg.Error as exc:
+                if conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
+                    await self._drop()
+                    raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
+                raise  # refused by the server (a lock timeout ...): the session is as it was
 
     async def _abandon(self, statement: asyncio.Future[Any]) -> None:
         """Stop waiting for a statement whose answer did not come. psycopg answers a first

@@ -3,6 +3,7 @@ and recorded in ``replicron_migrations``."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -27,8 +28,8 @@ CREATE TABLE IF NOT EXISTS replicron_migrations (
 )"""
 
 
-#: How long a migration waits for another replica's migration before giving up.
-LOCK_TIMEOUT = "30s"
+#: How long a migration waits for another replica's migration before giving up (seconds).
+LOCK_TIMEOUT = 30.0
 
 
 async def migrate(conninfo: str) -> list[str]:
@@ -40,19 +41,27 @@ async def migrate(conninfo: str) -> list[str]:
 
 
 async def migrate_session(session: LockSession) -> list[str]:
-    conn = await psycopg.AsyncConnection.connect(
-        session.conninfo, autocommit=True, prepare_threshold=None
+    """:func:`migrate` on a backend's lock session: on the session's connection (its
+    keepalives and timeouts, no connection of its own), with none of its other statements in
+    between. For the migration's transaction the session's statement timeout becomes the lock
+    timeout, and its deadline that wait plus one statement's."""
+    return await session.run(
+        functools.partial(_migrate, statement_timeout=LOCK_TIMEOUT),
+        deadline=LOCK_TIMEOUT + session.statement_deadline,
     )
-    async with conn:
-        return await _migrate(conn)
 
 
-async def _migrate(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+async def _migrate(
+    conn: psycopg.AsyncConnection[Any], *, statement_timeout: float | None = None
+) -> list[str]:
     """Everything in one transaction under a transaction-scoped lock with a lock timeout:
-    behind any pooler it stays on one server session, never hangs, and never leaves a lock."""
+    behind any pooler it stays on one server session, never hangs, and never leaves a lock.
+    ``statement_timeout`` (seconds) replaces the connection's for the transaction."""
     applied_now = []
     async with conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        await conn.execute(f"SET LOCAL lock_timeout = {_ms(LOCK_TIMEOUT)}")
+        if statement_timeout is not None:
+            await conn.execute(f"SET LOCAL statement_timeout = {_ms(statement_timeout)}")
         await conn.execute("SELECT pg_advisory_xact_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
         await conn.execute(_CREATE_TABLE)
         cursor = await conn.execute("SELECT version FROM replicron_migrations")
@@ -67,3 +76,7 @@ async def _migrate(conn: psycopg.AsyncConnection[Any]) -> list[str]:
             )
             applied_now.append(f"{migration.version:04d}_{migration.name}")
     return applied_now
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

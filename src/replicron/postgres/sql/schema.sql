@@ -1,0 +1,75 @@
+-- replicron's PostgreSQL schema, whole, as the migrations leave it.
+--
+-- replicron creates and upgrades its tables itself: at startup (PostgresBackend(migrate=True),
+-- the default) or with `replicron migrate`, it applies migrations/*.sql in order and records
+-- them in replicron_migrations. This file is the same schema in one piece, to read, or to
+-- apply to an empty database by hand (`psql -v ON_ERROR_STOP=1 -f schema.sql`; it is one
+-- transaction): it records the migrations as applied, so replicron finds nothing left to do.
+-- tests/postgres/test_schema.py checks that it matches the migrations: a new migration
+-- changes this file too.
+
+BEGIN;
+
+-- The migrations applied so far (replicron.postgres.migrate).
+CREATE TABLE replicron_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The run ledger: one row per claimed tick. The unique (namespace, job, scheduled_at) is what
+-- makes each tick run on exactly one replica; run_id is the fencing token.
+CREATE TABLE replicron_runs (
+    run_id        bigserial   PRIMARY KEY,
+    -- Separates deployments sharing the database (PostgresBackend(namespace=...)).
+    namespace     text        NOT NULL,
+    job           text        NOT NULL,
+    -- The tick: the instant it is due.
+    scheduled_at  timestamptz NOT NULL,
+    -- The replica that claimed the tick.
+    replica_id    text        NOT NULL,
+    claimed_at    timestamptz NOT NULL DEFAULT now(),
+    -- Refreshed by the claimant while the tick is open (claimed, not yet finished); a row
+    -- without outcome whose heartbeat is stale belongs to a replica that is gone.
+    heartbeat_at  timestamptz,
+    -- When the run started, and when the tick's outcome was recorded.
+    started_at    timestamptz,
+    finished_at   timestamptz,
+    -- How the tick ended (replicron.events.Outcome); NULL while it is open.
+    outcome       text CHECK (outcome IN ('succeeded', 'failed', 'timed_out', 'skipped_overlap',
+                                          'skipped_limit', 'missed', 'abandoned')),
+    -- What goes with the outcome, if anything: the run's error, or why the tick ended so.
+    error         text,
+    -- A claim retried on a fresh session (its first reply lost with the old session)
+    -- recognises the rows its first try inserted by this token.
+    claim_token   uuid,
+    -- The job's advisory lock key, and the server session (pid) that holds, or held, it for
+    -- an open run: the janitor never abandons a run whose lock is still held, and a frozen
+    -- holder can be shown (and, opt-in, fenced).
+    lock_key      bigint,
+    backend_pid   integer,
+    CONSTRAINT replicron_runs_tick_key UNIQUE (namespace, job, scheduled_at)
+);
+
+-- Open ticks, for the overlap check at claim time and the janitor.
+CREATE INDEX replicron_runs_open_idx ON replicron_runs (namespace, job) WHERE outcome IS NULL;
+-- Retention sweeps.
+CREATE INDEX replicron_runs_claimed_at_idx ON replicron_runs (claimed_at);
+
+-- One row per replica: seen by its heartbeats, with its clock's offset from the database's.
+CREATE TABLE replicron_replicas (
+    namespace       text        NOT NULL,
+    replica_id      text        NOT NULL,
+    -- The server session (pid) of the replica's lock session.
+    backend_pid     integer,
+    clock_offset_ms double precision,
+    started_at      timestamptz NOT NULL DEFAULT now(),
+    last_seen       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, replica_id)
+);
+
+INSERT INTO replicron_migrations (version, name) VALUES
+    (1, 'initial'),
+    (2, 'claim_tokens_and_replicas');
+
+COMMIT;
