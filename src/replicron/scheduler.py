@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -25,6 +26,9 @@ from .triggers import Trigger
 __all__ = ["AsyncScheduler", "Scheduler"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: Where a scheduler's records go: runs, outcomes, backend errors (``extra`` names the job,
+#: tick, replica and run).
+_logger = logging.getLogger(__name__)
 _DEFAULT_WORKERS = 8
 
 
@@ -91,6 +95,7 @@ class _JobsAPI:
             listeners=list(listeners),
             max_workers=max_workers,
             defer_gc=defer_gc,
+            logger=_logger,
         )
 
     @property

@@ -71,6 +71,7 @@ class Engine:
         listeners: Sequence[Listener],
         max_workers: int,
         defer_gc: bool,
+        logger: logging.Logger,
     ) -> None:
         if type(clock) is SystemClock:  # one time base for the cluster: the coordinator's
             clock = ClusterClock(clock, backend.clock_offset)
@@ -78,7 +79,7 @@ class Engine:
         self.stop_timeout = stop_timeout
         self.life = Lifecycle()
         self._background = Background(self._quiet_may_have_changed)
-        self.observer = Observer(replica_id, listeners, self._background.spawn)
+        self.observer = Observer(logger, replica_id, listeners, self._background.spawn)
         self.registry = JobRegistry(
             clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke
         )

@@ -11,9 +11,7 @@ from typing import Any
 
 from replicron.events import Listener, RunEvent
 
-__all__ = ["Observer", "logger"]
-
-logger = logging.getLogger("replicron")
+__all__ = ["Observer"]
 
 
 class Observer:
@@ -21,16 +19,18 @@ class Observer:
 
     def __init__(
         self,
+        logger: logging.Logger,
         replica_id: str,
         listeners: Sequence[Listener],
         spawn: Callable[[Awaitable[Any]], None],
     ) -> None:
+        self.logger = logger
         self.replica_id = replica_id
         self.listeners = tuple(listeners)
         self._spawn = spawn
 
     def enabled(self, level: int) -> bool:
-        return logger.isEnabledFor(level)
+        return self.logger.isEnabledFor(level)
 
     def log(
         self,
@@ -42,7 +42,7 @@ class Observer:
         run_id: int | None = None,
         exc_info: BaseException | None = None,
     ) -> None:
-        if not logger.isEnabledFor(level):
+        if not self.logger.isEnabledFor(level):
             return
         extra = {
             "event": event,
@@ -52,7 +52,7 @@ class Observer:
             "run_id": run_id,
         }
         where = f"job {job!r} tick {extra['tick']}: " if job is not None else ""
-        logger.log(level, "%s%s", where, message, extra=extra, exc_info=exc_info)
+        self.logger.log(level, "%s%s", where, message, extra=extra, exc_info=exc_info)
 
     def notify(self, hook: str, event: RunEvent) -> None:
         for listener in self.listeners:

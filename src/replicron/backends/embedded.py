@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 
 LEDGER_NAME = "replicron.sqlite3"
 LOCKS_DIR = "locks"

@@ -21,7 +21,7 @@ from replicron.postgres._locked_result import LockedRun
 
 __all__ = ["LockedRun", "alocked_run"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool[Any]
 

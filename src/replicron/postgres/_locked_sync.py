@@ -15,7 +15,7 @@ from replicron.postgres._locked_result import LockedRun
 
 __all__ = ["LockedRun", "locked_run"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.Connection[Any] | psycopg_pool.ConnectionPool[Any]
 

@@ -30,7 +30,7 @@ from replicron.errors import ReplicronError
 
 __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

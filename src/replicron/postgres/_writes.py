@@ -8,7 +8,7 @@ from replicron.backends.base import RunRecord
 
 __all__ = ["log_unwritten", "log_write"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 
 
 def _extra(record: RunRecord, replica: str) -> dict[str, str]:

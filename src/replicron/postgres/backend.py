@@ -38,7 +38,7 @@ from .migrate import migrate_session
 
 __all__ = ["JobStatus", "LockKeyCollisionError", "PostgresBackend", "ReplicaStatus"]
 
-logger = logging.getLogger("replicron")
+logger = logging.getLogger(__name__)
 
 #: How far ahead of the database's clock a tick may be claimed: room for the error of the
 #: measured offset, far less than any tick spacing.
