@@ -82,7 +82,9 @@ class Dispatcher:
         if not requests:
             return
         claims = await self._backend.claim(requests)
-        del requests  # thousands of objects, no longer needed while the runs start
+        # Thousands of objects, no longer needed while the runs start: the collector counts
+        # them until they go.
+        del requests, add_request
         runs = self._runs
         runs.hold_collector()  # if asked to: only now, with the claims in hand
         try:

@@ -1,0 +1,237 @@
+"""The engine's parts, each on its own: no scheduler, no loop thread, no worker threads where
+the part does not need them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+
+from replicron import (
+    DuplicateJobError,
+    InvalidJobOptionError,
+    JobNotFoundError,
+    MemoryBackend,
+    Outcome,
+    every,
+)
+from replicron._engine.background import Background
+from replicron._engine.lifecycle import Lifecycle
+from replicron._engine.observe import Observer
+from replicron._engine.planner import Tick
+from replicron._engine.recorder import Recorder
+from replicron._engine.recovery import Recovery
+from replicron._engine.registry import JobRegistry, JobState
+from replicron._engine.retries import Retries
+from replicron._engine.spec import JobSpec, build_job_spec
+from replicron.backends.base import Claim, ClaimStatus, Release, RunRecord
+from replicron.errors import SchedulerClosedError
+from replicron.testing import FakeClock
+from tests.helpers import z
+
+START = z(2026, 1, 1)
+
+
+def noop() -> None:
+    pass
+
+
+def spec(name: str, **options: object) -> JobSpec:
+    fields: dict[str, object] = {
+        "tags": (), "overlap": "skip", "timeout": None, "start_at": None, "stop_at": None,
+        "max_runs": None, "catch_up": "latest", "misfire_grace": None,
+    }  # fmt: skip
+    fields.update(options)
+    trigger = fields.pop("trigger", every(seconds=10))
+    return build_job_spec(trigger, noop, (), {}, name=name, default_tz=START.tzinfo, **fields)  # type: ignore[arg-type]
+
+
+class Parts:
+    """A registry on a fake clock and the in-memory backend, and what records outcomes."""
+
+    def __init__(self, backend: MemoryBackend | None = None) -> None:
+        self.clock = FakeClock(START)
+        self.backend = MemoryBackend() if backend is None else backend
+        self.life = Lifecycle()
+        self.wakes = 0
+        self.registry = JobRegistry(
+            clock=self.clock, timezone=START.tzinfo,  # type: ignore[arg-type]
+            backend=self.backend, life=self.life, wake=self._woken,
+        )  # fmt: skip
+        self.background = Background(lambda: None)
+        self.observer = Observer(logging.getLogger("tests.parts"), "r1", (), self.background.spawn)
+        self.recorder = Recorder(
+            backend=self.backend, registry=self.registry, observer=self.observer,
+            background=self.background, life=self.life, replica_id="r1",
+        )  # fmt: skip
+
+    def _woken(self) -> None:
+        self.wakes += 1
+
+
+# ---- the registry: jobs and their plan, no loop --------------------------------------
+
+
+def test_the_registry_plans_jobs_and_hands_out_what_is_due() -> None:
+    parts = Parts()
+    registry = parts.registry
+    registry.add_job(spec("a"))
+    registry.add_job(spec("b", trigger=every(seconds=30)))
+    assert parts.wakes == 2
+    assert registry.next_runs("a", 2) == [
+        START + timedelta(seconds=10),
+        START + timedelta(seconds=20),
+    ]
+    parts.clock.advance(timedelta(seconds=30))
+    decision, immediate, catch_up = registry.take_due(parts.clock.now())
+    assert decision.due == [
+        Tick("a", START + timedelta(seconds=30)),
+        Tick("b", START + timedelta(seconds=30)),
+    ]
+    assert [t.scheduled_at for t in decision.missed] == [
+        START + timedelta(seconds=s) for s in (10, 20)
+    ]
+    assert immediate == []
+    assert catch_up == []
+
+
+def test_the_registry_refuses_duplicates_unknown_names_and_jobs_that_never_run() -> None:
+    parts = Parts()
+    parts.registry.add_job(spec("a"))
+    with pytest.raises(DuplicateJobError):
+        parts.registry.add_job(spec("a"))
+    with pytest.raises(JobNotFoundError):
+        parts.registry.remove_job("nope")
+    with pytest.raises(InvalidJobOptionError, match="would never run"):
+        parts.registry.add_job(spec("never", stop_at=START + timedelta(seconds=5)))
+    assert parts.registry.names() == ["a"]
+
+
+def test_run_now_and_catch_up_requests_go_to_the_next_step() -> None:
+    parts = Parts()
+    registry = parts.registry
+    registry.add_job(spec("a"))
+    parts.life.phase = "running"
+    registry.add_job(spec("b"))  # added while running: its missed ticks are looked up
+    registry.run_now("a")
+    _, immediate, catch_up = registry.take_due(parts.clock.now())
+    assert immediate == [Tick("a", START)]
+    assert catch_up == ["b"]
+    assert registry.take_due(parts.clock.now())[1:] == ([], [])
+
+
+def test_a_closed_registry_refuses_changes() -> None:
+    parts = Parts()
+    parts.life.phase = "stopped"
+    with pytest.raises(SchedulerClosedError):
+        parts.registry.add_job(spec("a"))
+
+
+# ---- the recorder: outcomes logged, kept and written in batches -------------------------
+
+
+class _Releases(MemoryBackend):
+    """The in-memory backend, keeping the batches it was asked to write."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.batches: list[list[Release]] = []
+        self.fail = fail
+
+    async def release(self, releases: Sequence[Release]) -> None:
+        self.batches.append(list(releases))
+        if self.fail:
+            raise ConnectionError("gone")
+        await super().release(releases)
+
+
+def test_outcomes_are_written_in_one_batch_and_kept_as_the_latest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _Releases()
+    parts = Parts(backend)
+    parts.registry.add_job(spec("a"))
+    state = parts.registry.get("a")
+    assert state is not None
+    released: list[Sequence[JobState | None]] = []
+
+    async def after_release(states: Sequence[JobState | None]) -> None:
+        released.append(states)
+
+    parts.recorder.after_release = after_release
+    parts.life.phase = "running"
+    claim = Claim("a", START, ClaimStatus.CLAIMED, 7, True)
+
+    async def record_two() -> None:
+        parts.background.open(asyncio.get_running_loop())
+        parts.recorder.record(state, claim, Outcome.SKIPPED_OVERLAP, "busy", unlock=True)
+        parts.recorder.record(state, claim._replace(run_id=8), Outcome.MISSED, "late")
+        assert parts.recorder  # queued, not yet written
+        await parts.background.wait(5)
+
+    caplog.set_level(logging.INFO, logger="tests.parts")
+    asyncio.run(record_two())
+    assert [[(r.record.outcome, r.unlock) for r in batch] for batch in backend.batches] == [
+        [(Outcome.SKIPPED_OVERLAP, True), (Outcome.MISSED, False)]
+    ]
+    assert released == [[None, None]]
+    last = parts.registry.last_run("a")
+    assert last is not None
+    assert (last.outcome, last.detail) == (Outcome.MISSED, "late")
+    assert [r.event for r in caplog.records] == ["skipped_overlap", "missed"]  # type: ignore[attr-defined]
+
+
+def test_a_failed_write_is_logged_and_what_waited_still_starts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _Releases(fail=True)
+    parts = Parts(backend)
+    started: list[int] = []
+
+    async def after_release(states: Sequence[JobState | None]) -> None:
+        started.append(len(states))
+
+    parts.recorder.after_release = after_release
+    parts.life.phase = "running"
+    record = RunRecord("a", START, Outcome.SUCCEEDED, "r1", 1, START, START, None)
+
+    async def write() -> None:
+        parts.background.open(asyncio.get_running_loop())
+        parts.recorder.release(record, True, None)
+        await parts.background.wait(5)
+
+    asyncio.run(write())
+    assert started == [1]
+    assert any("could not record" in r.getMessage() for r in caplog.records)
+
+
+# ---- recovery: ticks missed while down -------------------------------------------------
+
+
+def test_catch_up_runs_the_latest_missed_tick_and_records_the_rest() -> None:
+    backend = MemoryBackend()
+    parts = Parts(backend)
+    parts.registry.add_job(spec("a"))
+    parts.life.phase = "running"
+    # The job last ran a minute ago: five ticks fell due since, while nobody ran it.
+    last = RunRecord("a", START, Outcome.SUCCEEDED, "old", 1, START, START, None)
+    recovery = Recovery(
+        backend=backend, registry=parts.registry, recorder=parts.recorder,
+        retries=Retries(), observer=parts.observer,
+    )  # fmt: skip
+    parts.clock.advance(timedelta(seconds=55))
+
+    async def catch_up() -> list[Tick]:
+        parts.background.open(asyncio.get_running_loop())
+        await backend.open("r1")
+        assert await backend.record_unclaimed([last]) == [True]
+        runs = await recovery.catch_up(["a"], parts.clock.now())
+        await parts.background.wait(5)
+        return runs
+
+    assert asyncio.run(catch_up()) == [Tick("a", START + timedelta(seconds=50))]
+    missed = [r.scheduled_at for r in backend.state.history("a") if r.outcome is Outcome.MISSED]
+    assert missed == [START + timedelta(seconds=s) for s in (10, 20, 30, 40)]
