@@ -267,7 +267,7 @@ class Engine:
         if self._runs.backlogged:  # the last burst is still being worked off: it goes first
             self._prepare_soon(self.registry.wake_at())
             return
-        self.registry.prepare()
+        self._dispatcher.prepare(self.registry.prepare())
 
     async def _sleep(self, until: datetime | None) -> None:
         assert self._wake is not None

@@ -168,6 +168,10 @@ class Planner:
         self._prepared_at = at
         return len(self._prepared) - before
 
+    def prepared(self) -> list[Tick]:
+        """The ticks :meth:`prepare` worked out ahead, in the order :meth:`decide` gives them."""
+        return list(self._prepared.values())
+
     def decide(self, now: datetime) -> Decision:
         """Pop every job due at ``now``; a job with several due ticks runs only the latest
         and the older ones are missed (coalesced)."""

@@ -205,10 +205,12 @@ class JobRegistry:
         with self._lock:
             return self._planner.wake_at()
 
-    def prepare(self) -> None:
-        """Work out the next instant's ticks ahead of it (see ``Planner.prepare``)."""
+    def prepare(self) -> list[Tick]:
+        """Work out the next instant's ticks ahead of it (see ``Planner.prepare``); returns
+        every tick prepared so far for that instant."""
         with self._lock:
             self._planner.prepare()
+            return self._planner.prepared()
 
     def states(self) -> Iterator[JobState]:
         """Every job's state; on the loop (a snapshot, so registration may go on)."""

@@ -45,25 +45,19 @@ class Run(RunContext):
         "timed_out", "unix_finished", "unix_started", "why",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        state: JobState,
-        claim: Claim,
-        replica_id: str,
-        deadline: datetime | None,
-        started_at: datetime,
-    ) -> None:
-        # RunContext's fields set here rather than through its __init__: once per run.
-        self.job_name = claim.job
-        self.scheduled_at = claim.scheduled_at
-        self.run_id = claim.run_id
+    def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
+        # RunContext's fields set here rather than through its __init__: once per run. The
+        # run id, lock, start and deadline are set when the run starts (see ``start``).
+        self.job_name = job
+        self.scheduled_at = scheduled_at
+        self.run_id: int | None = None
         self.replica_id = replica_id
-        self.deadline = deadline
+        self.deadline: datetime | None = None
         self._event = None
         self._stop = False
         self.state = state
-        self.locked = claim.locked
-        self.started_at = started_at
+        self.locked = False
+        self.started_at = scheduled_at
         self.timed_out = self.abandoned = self.finished = False
         self.why: str | None = None  # what cut the run off, for the ledger
         self.task: asyncio.Task[None] | None = None
@@ -118,6 +112,7 @@ class RunExecutor:
             self._from_unix = clock.from_unix
         self._unix_time = self._from_unix is not None
         self.active: set[Run] = set()
+        self._prepared: dict[str, Run] = {}  # job -> its run at the next instant, made ahead
         self._deadlines: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
         self._done: deque[Run] = deque()
@@ -154,6 +149,15 @@ class RunExecutor:
 
     # ---- starting ----------------------------------------------------------------------
 
+    def prepare(self, state: JobState, tick: datetime) -> None:
+        """Make the run of ``state``'s job at ``tick`` ahead of time (see
+        ``Dispatcher.prepare``); ``start`` takes it if the tick is claimed."""
+        job = state.spec.name
+        self._prepared[job] = Run(state, job, tick, self.replica_id)
+
+    def forget_prepared(self) -> None:
+        self._prepared.clear()
+
     def start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
         # Once per run of a burst, before the burst's last run can begin: kept lean.
         spec = state.spec
@@ -165,7 +169,15 @@ class RunExecutor:
         started = self.clock.now() if now is None else now
         timeout = spec.timeout
         deadline = None if timeout is None else started + timeout
-        run = Run(state, claim, self.replica_id, deadline, started)
+        job, scheduled_at = claim.job, claim.scheduled_at
+        run = self._prepared.get(job)
+        if run is not None and run.scheduled_at is scheduled_at and run.state is state:
+            del self._prepared[job]
+        else:
+            run = Run(state, job, scheduled_at, self.replica_id)
+        run.run_id, run.locked, run.started_at, run.deadline = (
+            claim.run_id, claim.locked, started, deadline,
+        )  # fmt: skip
         state.running += 1
         state.runs_started += 1
         if max_runs is not None and state.runs_started >= max_runs:
