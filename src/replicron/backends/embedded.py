@@ -14,11 +14,14 @@ No server: gunicorn/uvicorn workers or a few daemons on one machine share ``stat
   are recorded ``abandoned`` when another process takes the job's lock, and by a janitor that
   runs at :meth:`~EmbeddedBackend.open` and every ``janitor_interval`` seconds during claims.
 
-SQLite calls block, but each is one short transaction: they run on the caller's loop directly.
+SQLite calls and file locks block (a write waits up to ``busy_timeout`` for another process's
+transaction): they run on a thread of the backend's own, one at a time and in order, never on
+the caller's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sqlite3
@@ -26,9 +29,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.keys import job_lock_key
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 LEDGER_NAME = "replicron.sqlite3"
 LOCKS_DIR = "locks"
@@ -101,6 +107,7 @@ class EmbeddedBackend:
         self._pid = os.getpid()
         self._pid_start: int | None = None
         self._next_janitor = 0.0
+        self._io: ThreadPoolExecutor | None = None  # the thread every blocking call runs on
 
     @property
     def ledger_path(self) -> Path:
@@ -127,8 +134,54 @@ class EmbeddedBackend:
     async def open(
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
     ) -> None:
-        if self._ledger is not None:
+        if self._ledger is not None or self._io is not None:
             raise ConfigurationError("this EmbeddedBackend is open already")
+        self._io = ThreadPoolExecutor(1, thread_name_prefix=f"replicron-embedded-{replica_id}")
+        try:
+            await self._call(self._open_ledger, replica_id, on_lock_lost)
+        except BaseException:
+            io, self._io = self._io, None
+            io.shutdown(wait=False)
+            raise
+
+    async def close(self) -> None:
+        io = self._io
+        if io is None:
+            return
+        try:
+            await self._call(self._close_ledger)
+        finally:
+            self._io = None
+            io.shutdown(wait=True)  # its last task is done: the thread just ends
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        return await self._call(self._claim, requests)
+
+    async def lock(self, claim: Claim) -> bool:
+        return await self._call(self._lock, claim)
+
+    async def release(self, releases: Sequence[Release]) -> None:
+        if releases:
+            await self._call(self._release, releases)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        return await self._call(self._record_unclaimed, records) if records else []
+
+    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+        return await self._call(self._last_ticks, jobs) if jobs else {}
+
+    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the backend's own thread, one call at a time, in order. A
+        caller that is cancelled stops waiting, but the call runs to its end: what it claimed
+        or locked is kept track of, and released by the calls queued after it (``close``)."""
+        if self._io is None:
+            raise ConfigurationError("the EmbeddedBackend is not open")
+        done = asyncio.wrap_future(self._io.submit(work, *args))
+        return await asyncio.shield(done)
+
+    def _open_ledger(
+        self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None
+    ) -> None:
         self.replica_id = replica_id
         if on_lock_lost is not None:  # never called: a file lock is only lost with its process
             self._on_lock_lost = on_lock_lost
@@ -149,7 +202,7 @@ class EmbeddedBackend:
         self._ledger = ledger
         self._next_janitor = time.monotonic() + self.janitor_interval
 
-    async def close(self) -> None:
+    def _close_ledger(self) -> None:
         ledger, self._ledger = self._ledger, None
         try:
             if ledger is not None and self._open:
@@ -173,7 +226,7 @@ class EmbeddedBackend:
             if ledger is not None:
                 ledger.close()
 
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+    def _claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         ledger = self._require()
         self._maybe_janitor(ledger)
         # A tick asked for twice in one batch is claimed once: the repeat is TAKEN.
@@ -226,7 +279,7 @@ class EmbeddedBackend:
                 claims.append(Claim(job, at, ClaimStatus.LOCKED, None, False))
         return claims
 
-    async def lock(self, claim: Claim) -> bool:
+    def _lock(self, claim: Claim) -> bool:
         ledger = self._require()
         if claim.run_id is None or not self._try_lock(claim.job, claim.run_id):
             return False
@@ -242,7 +295,7 @@ class EmbeddedBackend:
             self._unlock(job_lock_key(claim.job))
         return not busy
 
-    async def release(self, releases: Sequence[Release]) -> None:
+    def _release(self, releases: Sequence[Release]) -> None:
         if not releases:
             return
         ledger = self._require()
@@ -271,7 +324,7 @@ class EmbeddedBackend:
                 extra={"event": "lock_error", "replica": self.replica_id},
             )  # fmt: skip
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         if not records:
             return []
         ledger = self._require()
@@ -295,7 +348,7 @@ class EmbeddedBackend:
     def clock_offset(self) -> timedelta | None:
         return None  # the processes share this host's clock
 
-    async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+    def _last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         if not jobs:
             return {}
         found = self._require().last_ticks(list(dict.fromkeys(jobs)))
