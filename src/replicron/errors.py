@@ -21,6 +21,7 @@ __all__ = [
     "InvalidTimeOfDayError",
     "InvalidTimezoneError",
     "JobNotFoundError",
+    "LockKeyCollisionError",
     "NaiveDatetimeError",
     "NoCurrentRunError",
     "PastInstantError",
@@ -36,6 +37,10 @@ class ReplicronError(Exception):
 
 class ConfigurationError(ReplicronError, ValueError):
     """A schedule, job or option was defined with a value that cannot work."""
+
+
+class LockKeyCollisionError(ConfigurationError):
+    """Two job names of one backend hash to the same lock key; rename one of them."""
 
 
 class CronSyntaxError(ConfigurationError):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import unicodedata
+from collections.abc import Callable
 
-from .errors import ArgumentTypeError, InvalidJobNameError
+from .errors import ArgumentTypeError, InvalidJobNameError, LockKeyCollisionError
 
-__all__ = ["MAX_JOB_NAME_LENGTH", "check_job_name", "job_lock_key"]
+__all__ = ["MAX_JOB_NAME_LENGTH", "LockKeyRegistry", "check_job_name", "job_lock_key"]
 
 _FNV64_OFFSET = 0xCBF29CE484222325
 _FNV64_PRIME = 0x100000001B3
@@ -54,3 +55,29 @@ def check_job_name(name: object) -> str:
     if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
         raise InvalidJobNameError(f"job name {name!r} contains control characters")
     return name
+
+
+class LockKeyRegistry:
+    """The lock keys of the jobs registered with one backend: a name is refused, with
+    :class:`LockKeyCollisionError`, if another registered name has its key (the two jobs
+    would lock each other out). ``key_of`` turns a name into its key (a backend may prefix
+    a namespace)."""
+
+    def __init__(self, key_of: Callable[[str], int] = job_lock_key) -> None:
+        self.key_of = key_of
+        self._names: dict[int, str] = {}  # key -> the name registered on it
+
+    def register(self, name: str) -> int:
+        key = self.key_of(name)
+        other = self._names.get(key)
+        if other is not None and other != name:
+            raise LockKeyCollisionError(
+                f"job {name!r} has the same lock key ({key}) as job {other!r}: rename one"
+            )
+        self._names[key] = name
+        return key
+
+    def unregister(self, name: str) -> None:
+        key = self.key_of(name)
+        if self._names.get(key) == name:
+            del self._names[key]

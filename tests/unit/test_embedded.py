@@ -410,3 +410,19 @@ def test_last_ticks_of_many_jobs(tmp_path: Path) -> None:
         await backend.close()
 
     run(main())
+
+
+class _OneKeyBackend(EmbeddedBackend):
+    """Every job on one lock key: the collision check driven through the method it uses."""
+
+    def lock_key(self, job: str) -> int:
+        return 42
+
+
+def test_a_lock_key_collision_is_the_same_error_as_with_postgres(tmp_path: Path) -> None:
+    from replicron import LockKeyCollisionError
+
+    backend = _OneKeyBackend(tmp_path)
+    backend.register_job("cleanup")
+    with pytest.raises(LockKeyCollisionError, match="same lock key \\(42\\) as job 'cleanup'"):
+        backend.register_job("job-42")

@@ -64,3 +64,20 @@ def test_bad_job_names(name: object, message: str) -> None:
 @pytest.mark.parametrize("name", ["report", "billing:invoices/daily", "ключ", "a" * 200])
 def test_good_job_names(name: str) -> None:
     assert check_job_name(name) == name
+
+
+def test_the_lock_key_registry_refuses_a_second_name_on_one_key() -> None:
+    from replicron import LockKeyCollisionError
+    from replicron.keys import LockKeyRegistry
+
+    # No two real names with one FNV-1a 64 key are known: the key function is given.
+    registry = LockKeyRegistry(lambda name: 42)
+    assert registry.register("cleanup") == 42
+    registry.register("cleanup")  # the same name again is no collision
+    with pytest.raises(LockKeyCollisionError, match="'job-42' has the same lock key"):
+        registry.register("job-42")
+    registry.unregister("job-42")  # not registered: the key stays with cleanup
+    with pytest.raises(LockKeyCollisionError):
+        registry.register("job-42")
+    registry.unregister("cleanup")
+    registry.register("job-42")

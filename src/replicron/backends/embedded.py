@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicron.errors import ConfigurationError, StateDirError
-from replicron.keys import job_lock_key
+from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, from_us, now_us, process_start, to_us
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
@@ -99,7 +99,7 @@ class EmbeddedBackend:
         self._ledger: Ledger | None = None
         self._locks_dir = self.state_dir / LOCKS_DIR
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
-        self._keys: dict[int, str] = {}  # lock key -> registered job name
+        self._keys = LockKeyRegistry(self.lock_key)
         # lock key -> this handle's lock object and its path
         self._file_locks: dict[int, tuple[FileLock, str]] = {}
         self._held: dict[int, int] = {}  # lock key -> run id holding it in this handle
@@ -116,20 +116,17 @@ class EmbeddedBackend:
     # ---- Backend protocol ----------------------------------------------------------------
 
     def register_job(self, name: str) -> None:
-        key = job_lock_key(name)
-        other = self._keys.get(key)
-        if other is not None and other != name:
-            raise ConfigurationError(
-                f"job {name!r} has the same lock key ({key}) as job {other!r}: rename one"
-            )
-        self._keys[key] = name
+        self._keys.register(name)
 
     def unregister_job(self, name: str) -> None:
-        self._keys.pop(job_lock_key(name), None)
+        self._keys.unregister(name)
+
+    def lock_key(self, job: str) -> int:
+        return job_lock_key(job)
 
     def lock_path(self, job: str) -> Path:
         """The job's lock file: its lock key as 16 hex digits."""
-        return self._locks_dir / f"{job_lock_key(job) & _MASK64:016x}.lock"
+        return self._locks_dir / f"{self.lock_key(job) & _MASK64:016x}.lock"
 
     async def open(
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
@@ -254,7 +251,7 @@ class EmbeddedBackend:
                     if job in tried or not self._try_lock(job, run_id):
                         won[job, tick] = (None, False)
                     else:
-                        taken.append(job_lock_key(job))
+                        taken.append(self.lock_key(job))
                         if Ledger.running_elsewhere(conn, job, run_id):
                             self._unlock(taken.pop())
                             won[job, tick] = (None, False)
@@ -289,10 +286,10 @@ class EmbeddedBackend:
                 if not busy:
                     Ledger.mark_started(conn, claim.run_id)
         except BaseException:
-            self._unlock(job_lock_key(claim.job))
+            self._unlock(self.lock_key(claim.job))
             raise
         if busy:
-            self._unlock(job_lock_key(claim.job))
+            self._unlock(self.lock_key(claim.job))
         return not busy
 
     def _release(self, releases: Sequence[Release]) -> None:
@@ -315,7 +312,7 @@ class EmbeddedBackend:
         # find this run still open. And only a lock this handle holds for this very run.
         for record, unlock in releases:
             self._open.discard((record.job, to_us(record.scheduled_at)))
-            key = job_lock_key(record.job)
+            key = self.lock_key(record.job)
             if unlock and record.run_id is not None and self._held.get(key) == record.run_id:
                 self._unlock(key)
         if recorded != len(releases):
@@ -360,7 +357,7 @@ class EmbeddedBackend:
         """Take the job's file lock without waiting, unless a handle of this process has it."""
         import filelock  # on first use: importing it costs other backends' users ~30 ms
 
-        key = job_lock_key(job)
+        key = self.lock_key(job)
         if key in self._held:
             return False
         path = str(self.lock_path(job))

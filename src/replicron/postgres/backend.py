@@ -24,8 +24,8 @@ from typing import Any
 
 from replicron._schedule.tz import UTC
 from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
-from replicron.errors import ConfigurationError
-from replicron.keys import job_lock_key
+from replicron.errors import ConfigurationError, LockKeyCollisionError
+from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._lease import Lease
 from ._offset import OffsetEstimator
@@ -52,10 +52,6 @@ _STATUS = {
     "locked": ClaimStatus.LOCKED,
     "early": ClaimStatus.EARLY,
 }
-
-
-class LockKeyCollisionError(ConfigurationError):
-    """Two job names hash to the same advisory-lock key; rename one of them."""
 
 
 class PostgresBackend:
@@ -115,7 +111,7 @@ class PostgresBackend:
         self.replica_id = ""
         self._session: LockSession | None = None
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
-        self._keys: dict[int, str] = {}  # lock key -> registered job name
+        self._keys = LockKeyRegistry(self.lock_key)
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
         self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
@@ -129,16 +125,10 @@ class PostgresBackend:
     # ---- Backend protocol ----------------------------------------------------------------
 
     def register_job(self, name: str) -> None:
-        key = self.lock_key(name)
-        other = self._keys.get(key)
-        if other is not None and other != name:
-            raise LockKeyCollisionError(
-                f"job {name!r} has the same lock key ({key}) as job {other!r}: rename one"
-            )
-        self._keys[key] = name
+        self._keys.register(name)
 
     def unregister_job(self, name: str) -> None:
-        self._keys.pop(self.lock_key(name), None)
+        self._keys.unregister(name)
 
     def lock_key(self, job: str) -> int:
         return job_lock_key(self.namespace + job)
