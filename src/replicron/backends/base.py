@@ -19,11 +19,22 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from replicron.events import Outcome
 
-__all__ = ["Backend", "Claim", "ClaimRequest", "ClaimStatus", "Release", "RunRecord"]
+__all__ = [
+    "Backend",
+    "Claim",
+    "ClaimRequest",
+    "ClaimStatus",
+    "Release",
+    "RunRecord",
+    "answer_each",
+    "once_per_tick",
+    "taken_repeat",
+    "unrecorded_repeat",
+]
 
 
 class ClaimStatus(enum.Enum):
@@ -67,6 +78,57 @@ class RunRecord(NamedTuple):
     started_at: datetime | None
     finished_at: datetime | None
     error: str | None
+
+
+class _OfATick(Protocol):
+    @property
+    def job(self) -> str: ...
+
+    @property
+    def scheduled_at(self) -> datetime: ...
+
+
+_Item = TypeVar("_Item", bound=_OfATick)
+_Answer = TypeVar("_Answer")
+
+
+def once_per_tick(batch: Sequence[_Item]) -> tuple[list[_Item], list[int]]:
+    """A batch with each ``(job, tick)`` once: the items that first mention each tick (in
+    order), and for every item of ``batch`` the position of its tick among them, or -1 for a
+    repeat. A backend handles each tick once and answers every item with
+    :func:`answer_each`."""
+    first: dict[tuple[str, datetime], int] = {}  # aware datetimes: equal instants, equal keys
+    unique: list[_Item] = []
+    where: list[int] = []
+    for item in batch:
+        at = first.setdefault((item.job, item.scheduled_at), len(unique))
+        if at == len(unique):
+            unique.append(item)
+            where.append(at)
+        else:
+            where.append(-1)
+    return unique, where
+
+
+def answer_each(
+    batch: Sequence[_Item],
+    answers: Sequence[_Answer],
+    where: Sequence[int],
+    repeat: Callable[[_Item], _Answer],
+) -> list[_Answer]:
+    """The answers to the ticks :func:`once_per_tick` kept, one per item of ``batch``; a
+    repeat of a tick earlier in the batch gets ``repeat(item)`` (it was handled once)."""
+    return [answers[at] if at >= 0 else repeat(item) for item, at in zip(batch, where, strict=True)]
+
+
+def taken_repeat(request: ClaimRequest) -> Claim:
+    """The answer to a claim request repeating a tick earlier in its batch."""
+    return Claim(request.job, request.scheduled_at, ClaimStatus.TAKEN, None, False)
+
+
+def unrecorded_repeat(record: RunRecord) -> bool | None:
+    """The answer to an unclaimed record repeating a tick earlier in its batch."""
+    return False
 
 
 #: A :class:`RunRecord` as a plain tuple of plain values, its outcome as the string. The

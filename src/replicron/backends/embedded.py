@@ -38,7 +38,17 @@ from replicron.errors import ConfigurationError, StateDirError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, from_us, now_us, process_start, to_us
-from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .base import (
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    Release,
+    RunRecord,
+    answer_each,
+    once_per_tick,
+    taken_repeat,
+    unrecorded_repeat,
+)
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -226,22 +236,20 @@ class EmbeddedBackend:
     def _claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         ledger = self._require()
         self._maybe_janitor(ledger)
-        # A tick asked for twice in one batch is claimed once: the repeat is TAKEN.
-        unique: dict[tuple[str, int], bool] = {}
-        for request in requests:
-            unique.setdefault((request.job, to_us(request.scheduled_at)), request.lock)
+        unique, where = once_per_tick(requests)  # a tick asked for twice: the repeat is TAKEN
         # (job, tick) -> (run id, locked); run id None: LOCKED; locked None: no lock asked.
         won: dict[tuple[str, int], tuple[int | None, bool | None]] = {}
         taken: list[int] = []  # lock keys this call took
         try:
             with ledger.write() as conn:
                 inserted = []
-                for (job, tick), want_lock in unique.items():
+                for request in unique:
+                    job, tick = request.job, to_us(request.scheduled_at)
                     run_id = Ledger.insert_tick(
                         conn, job, tick, self.replica_id, self._pid, self._pid_start
                     )
                     if run_id is not None:
-                        inserted.append((job, tick, want_lock, run_id))
+                        inserted.append((job, tick, request.lock, run_id))
                 tried: set[str] = set()
                 # The lock goes to the earliest tick of a job; its other ticks are LOCKED.
                 for job, tick, want_lock, run_id in sorted(inserted):
@@ -264,17 +272,17 @@ class EmbeddedBackend:
                 self._unlock(key)
             raise
         self._open.update(won)
-        claims = []
-        for request in requests:
+        answers = []
+        for request in unique:
             job, at = request.job, request.scheduled_at
-            run_id, locked = won.pop((job, to_us(at)), (None, None))
+            run_id, locked = won.get((job, to_us(at)), (None, None))
             if run_id is not None:
-                claims.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked)))
+                answers.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked)))
             elif locked is None:
-                claims.append(Claim(job, at, ClaimStatus.TAKEN, None, False))
+                answers.append(Claim(job, at, ClaimStatus.TAKEN, None, False))
             else:
-                claims.append(Claim(job, at, ClaimStatus.LOCKED, None, False))
-        return claims
+                answers.append(Claim(job, at, ClaimStatus.LOCKED, None, False))
+        return answer_each(requests, answers, where, taken_repeat)
 
     def _lock(self, claim: Claim) -> bool:
         ledger = self._require()
@@ -322,25 +330,18 @@ class EmbeddedBackend:
             )  # fmt: skip
 
     def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
-        if not records:
-            return []
         ledger = self._require()
+        unique, where = once_per_tick(records)  # a record listed twice is recorded once
         answers: list[bool | None] = []
-        seen: set[tuple[str, int]] = set()
         with ledger.write() as conn:
-            for record in records:  # a record listed twice is recorded once: by its first mention
-                tick = to_us(record.scheduled_at)
-                if (record.job, tick) in seen:
-                    answers.append(False)
-                    continue
-                seen.add((record.job, tick))
-                outcome, error = record.outcome.value, record.error
+            for record in unique:
+                job, tick, outcome = record.job, to_us(record.scheduled_at), record.outcome.value
                 answers.append(
                     Ledger.insert_finished(
-                        conn, record.job, tick, outcome, error, self.replica_id, self._pid
+                        conn, job, tick, outcome, record.error, self.replica_id, self._pid
                     )
                 )
-        return answers
+        return answer_each(records, answers, where, unrecorded_repeat)
 
     def clock_offset(self) -> timedelta | None:
         return None  # the processes share this host's clock

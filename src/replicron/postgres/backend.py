@@ -23,7 +23,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from replicron._schedule.tz import UTC
-from replicron.backends.base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from replicron.backends.base import (
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    Release,
+    RunRecord,
+    answer_each,
+    once_per_tick,
+    taken_repeat,
+    unrecorded_repeat,
+)
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
@@ -179,22 +189,18 @@ class PostgresBackend:
         self._held.clear()
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        # A tick asked for twice in one batch is claimed once: the repeat is TAKEN.
-        unique: dict[tuple[str, datetime], ClaimRequest] = {}
-        for request in requests:
-            unique.setdefault((request.job, request.scheduled_at.astimezone(UTC)), request)
-        batch = list(unique.values())
-        tokens = self._tokens.for_ticks(list(unique))
+        unique, where = once_per_tick(requests)  # a tick asked for twice: the repeat is TAKEN
+        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         rows = await self._fetch_remembering(
-            list(unique),
+            ticks,
             "claim",
             retry=True,  # the token makes a retry recognise the rows its first try inserted
-            jobs=[r.job for r in batch],
-            ticks=[r.scheduled_at for r in batch],
-            keys=[self.lock_key(r.job) for r in batch],
-            locks=[r.lock for r in batch],
+            jobs=[r.job for r in unique],
+            ticks=[r.scheduled_at for r in unique],
+            keys=[self.lock_key(r.job) for r in unique],
+            locks=[r.lock for r in unique],
             replica=self.replica_id,
-            tokens=tokens,
+            tokens=self._tokens.for_ticks(ticks),
             ahead=CLAIM_AHEAD,
             stale_after=timedelta(seconds=self.stale_after),
         )  # fmt: skip
@@ -204,28 +210,28 @@ class PostgresBackend:
             if status == "moved":
                 await self._moved()
             won[(job, tick.astimezone(UTC))] = (run_id, status, blocker, stale, holder)
-        claims = []
-        for request in requests:
-            tick = request.scheduled_at
-            answer = won.pop((request.job, tick.astimezone(UTC)), None)
-            if answer is None:  # the repeat of a tick earlier in the batch
-                claims.append(Claim(request.job, tick, ClaimStatus.TAKEN, None, False))
+        answers = []
+        for request, key in zip(unique, ticks, strict=True):
+            job, tick = request.job, request.scheduled_at
+            answer = won.get(key)
+            if answer is None:  # no row came back for it: somebody has it
+                answers.append(taken_repeat(request))
                 continue
             run_id, status, blocker, stale, holder = answer
             if status == "locked":  # its row is recorded skipped_overlap at once, by tick
                 if stale and holder is not None:
-                    await self._blocked_by_frozen(request.job, blocker, holder)
-                claims.append(Claim(request.job, tick, ClaimStatus.LOCKED, None, False))
+                    await self._blocked_by_frozen(job, blocker, holder)
+                answers.append(Claim(job, tick, ClaimStatus.LOCKED, None, False))
                 continue
             if run_id is not None:
                 self._open.add(run_id)
             if status == "locked_claimed":
-                self._held[self.lock_key(request.job)] = run_id
+                self._held[self.lock_key(job)] = run_id
                 assert self._lease is not None
                 self._lease.start(run_id, sent)
             locked = status == "locked_claimed"
-            claims.append(Claim(request.job, tick, _STATUS[status], run_id, locked))
-        return claims
+            answers.append(Claim(job, tick, _STATUS[status], run_id, locked))
+        return answer_each(requests, answers, where, taken_repeat)
 
     async def lock(self, claim: Claim) -> bool:
         key = self.lock_key(claim.job)
@@ -321,29 +327,27 @@ class PostgresBackend:
             log_write(record, ok, before, self.replica_id)
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
-        first: dict[tuple[str, datetime], RunRecord] = {}
-        for record in records:
-            first.setdefault((record.job, record.scheduled_at.astimezone(UTC)), record)
-        unique = list(first.values())
-        tokens = self._tokens.for_ticks(list(first))
+        unique, where = once_per_tick(records)  # a record listed twice is recorded once
+        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         rows = await self._fetch_remembering(
-            list(first),
+            ticks,
             "record_unclaimed",
             retry=True,  # the token recognises what a first try recorded
             jobs=[r.job for r in unique],
             ticks=[r.scheduled_at for r in unique],
             outcomes=[r.outcome.value for r in unique],
             errors=[r.error for r in unique],
-            tokens=tokens,
+            tokens=self._tokens.for_ticks(ticks),
             replica=self.replica_id,
             ahead=CLAIM_AHEAD,
         )  # fmt: skip
         found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
-        answers: list[bool | None] = []
-        for record in records:  # a record listed twice is recorded once: by its first mention
-            what = found.pop((record.job, record.scheduled_at.astimezone(UTC)), None)
-            answers.append(None if what == "early" else what == "recorded")
-        return answers
+        # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
+        # something else or nothing (somebody has it): not recorded.
+        answers: list[bool | None] = [
+            None if (what := found.get(key)) == "early" else what == "recorded" for key in ticks
+        ]
+        return answer_each(records, answers, where, unrecorded_repeat)
 
     async def _fetch_remembering(
         self, remembered: list[tuple[str, datetime]], name: str, **params: Any
