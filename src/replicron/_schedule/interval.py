@@ -16,25 +16,15 @@ from typing import Any
 
 from replicron.errors import InvalidIntervalError
 
-from .tz import EPOCH
+from .tz import EPOCH, MICROSECOND, from_micros, to_micros
 
 __all__ = ["IntervalRule", "make_interval_rule", "random_fraction"]
-
-_US = timedelta(microseconds=1)
 
 
 def random_fraction(key: str, index: int) -> float:
     """A number in [0, 1) that depends only on ``key`` and ``index`` (same on every host)."""
     digest = hashlib.blake2b(f"{key}\0{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
-
-
-def _micros(instant: datetime) -> int:
-    return (instant - EPOCH) // _US
-
-
-def _from_micros(micros: int) -> datetime:
-    return EPOCH + timedelta(microseconds=micros)
 
 
 @dataclass(frozen=True)
@@ -48,19 +38,19 @@ class IntervalRule:
     _step_us: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_anchor_us", _micros(self.anchor))
-        step = 0 if self.interval is None else self.interval // _US
+        object.__setattr__(self, "_anchor_us", to_micros(self.anchor))
+        step = 0 if self.interval is None else self.interval // MICROSECOND
         object.__setattr__(self, "_step_us", step)
 
     def next_after(self, instant: datetime, key: str) -> datetime | None:
-        now = (instant - EPOCH) // _US
+        now = (instant - EPOCH) // MICROSECOND
         anchor = self._anchor_us
         if self.jitter is None and self.between is None:  # the common case, kept cheap
             step = self._step_us
             k = (now - anchor) // step + 1 if now >= anchor else 0
             return EPOCH + timedelta(microseconds=anchor + k * step)
         if self.between is not None:
-            lo, hi = (d // _US for d in self.between)
+            lo, hi = (d // MICROSECOND for d in self.between)
             period = lo + hi
             pair = max(0, (now - anchor) // period)
             base = anchor + pair * period
@@ -68,15 +58,15 @@ class IntervalRule:
             candidates = [base, middle, base + period]
         else:
             assert self.interval is not None
-            step = self.interval // _US
+            step = self.interval // MICROSECOND
             k = max(0, (now - anchor) // step)
             candidates = [self._tick(anchor, step, k + i, key) for i in range(2)]
-        return next((_from_micros(c) for c in candidates if c > now), None)
+        return next((from_micros(c) for c in candidates if c > now), None)
 
     def _tick(self, anchor: int, step: int, k: int, key: str) -> int:
         tick = anchor + k * step
         if self.jitter:
-            tick += int(random_fraction(key, k) * (self.jitter // _US))
+            tick += int(random_fraction(key, k) * (self.jitter // MICROSECOND))
         return tick
 
     def describe(self) -> str:
@@ -136,7 +126,7 @@ def make_interval_rule(
         raise InvalidIntervalError("every() needs an interval, e.g. every(minutes=5)")
     if interval <= timedelta(0):
         raise InvalidIntervalError(f"interval must be positive, got {interval}")
-    if interval < _US:
+    if interval < MICROSECOND:
         raise InvalidIntervalError(f"interval {interval} is shorter than a microsecond")
     jitter_delta = None
     if jitter is not None:

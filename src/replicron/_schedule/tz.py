@@ -20,13 +20,16 @@ from replicron.errors import InvalidTimezoneError
 __all__ = [
     "EPOCH",
     "MAX_INSTANT",
+    "MICROSECOND",
     "MIN_INSTANT",
     "UTC",
     "Segment",
     "ZoneTimeline",
+    "from_micros",
     "from_unix",
     "resolve_zone",
     "timeline_for",
+    "to_micros",
     "to_unix",
     "zone_name",
 ]
@@ -88,6 +91,19 @@ def to_unix(instant: datetime) -> int:
 
 def from_unix(seconds: int) -> datetime:
     return EPOCH + timedelta(seconds=seconds)
+
+
+MICROSECOND = timedelta(microseconds=1)
+
+
+def to_micros(instant: datetime) -> int:
+    """Whole microseconds since the Unix epoch (exact: a datetime holds no finer); ``instant``
+    must be aware."""
+    return (instant - EPOCH) // MICROSECOND
+
+
+def from_micros(micros: int) -> datetime:
+    return EPOCH + timedelta(microseconds=micros)
 
 
 class Segment(NamedTuple):

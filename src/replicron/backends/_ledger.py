@@ -20,14 +20,14 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from replicron._schedule.tz import UTC
+from replicron._schedule.tz import MICROSECOND
 from replicron.errors import StateDirError
 
-__all__ = ["MIGRATIONS", "Ledger", "from_us", "now_us", "process_alive", "process_start", "to_us"]
+__all__ = ["MIGRATIONS", "Ledger", "now_us", "process_alive", "process_start"]
 
 #: (version, name, statements): applied in order, each once, under an exclusive transaction.
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
@@ -63,18 +63,6 @@ _CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS replicron_migrations (
     name       TEXT    NOT NULL,
     applied_at INTEGER NOT NULL
 )"""
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_US = timedelta(microseconds=1)
-
-
-def to_us(instant: datetime) -> int:
-    """An aware datetime as integer microseconds since the epoch (exact)."""
-    return (instant - _EPOCH) // _US
-
-
-def from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
 
 
 def now_us() -> int:
@@ -338,7 +326,7 @@ class Ledger:
     def prune(self, retention: timedelta, batch: int = 1000) -> int:
         """Delete finished rows claimed longer than ``retention`` ago, keeping each job's
         latest tick (catch-up reads it after long pauses); at most ``batch`` rows a call."""
-        cutoff = now_us() - retention // _US
+        cutoff = now_us() - retention // MICROSECOND
         with self.write() as conn:
             cursor = conn.execute(
                 "DELETE FROM replicron_runs WHERE run_id IN ("

@@ -34,10 +34,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from replicron._schedule.tz import from_micros, to_micros
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
-from ._ledger import Ledger, from_us, now_us, process_start, to_us
+from ._ledger import Ledger, now_us, process_start
 from .base import (
     Claim,
     ClaimRequest,
@@ -244,7 +245,7 @@ class EmbeddedBackend:
             with ledger.write() as conn:
                 inserted = []
                 for request in unique:
-                    job, tick = request.job, to_us(request.scheduled_at)
+                    job, tick = request.job, to_micros(request.scheduled_at)
                     run_id = Ledger.insert_tick(
                         conn, job, tick, self.replica_id, self._pid, self._pid_start
                     )
@@ -275,7 +276,7 @@ class EmbeddedBackend:
         answers = []
         for request in unique:
             job, at = request.job, request.scheduled_at
-            run_id, locked = won.get((job, to_us(at)), (None, None))
+            run_id, locked = won.get((job, to_micros(at)), (None, None))
             if run_id is not None:
                 answers.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked)))
             elif locked is None:
@@ -310,16 +311,16 @@ class EmbeddedBackend:
                 recorded += Ledger.record(
                     conn,
                     record.job,
-                    to_us(record.scheduled_at),
+                    to_micros(record.scheduled_at),
                     record.outcome.value,
-                    None if record.started_at is None else to_us(record.started_at),
-                    None if record.finished_at is None else to_us(record.finished_at),
+                    None if record.started_at is None else to_micros(record.started_at),
+                    None if record.finished_at is None else to_micros(record.finished_at),
                     record.error,
                 )
         # Unlock only after the outcome is committed: whoever takes the lock next must not
         # find this run still open. And only a lock this handle holds for this very run.
         for record, unlock in releases:
-            self._open.discard((record.job, to_us(record.scheduled_at)))
+            self._open.discard((record.job, to_micros(record.scheduled_at)))
             key = self.lock_key(record.job)
             if unlock and record.run_id is not None and self._held.get(key) == record.run_id:
                 self._unlock(key)
@@ -335,7 +336,11 @@ class EmbeddedBackend:
         answers: list[bool | None] = []
         with ledger.write() as conn:
             for record in unique:
-                job, tick, outcome = record.job, to_us(record.scheduled_at), record.outcome.value
+                job, tick, outcome = (
+                    record.job,
+                    to_micros(record.scheduled_at),
+                    record.outcome.value,
+                )
                 answers.append(
                     Ledger.insert_finished(
                         conn, job, tick, outcome, record.error, self.replica_id, self._pid
@@ -350,7 +355,7 @@ class EmbeddedBackend:
         if not jobs:
             return {}
         found = self._require().last_ticks(list(dict.fromkeys(jobs)))
-        return {job: from_us(tick) for job, tick in found.items()}
+        return {job: from_micros(tick) for job, tick in found.items()}
 
     # ---- locks -----------------------------------------------------------------------------
 
@@ -417,8 +422,8 @@ class EmbeddedBackend:
         for job, tick, replica in ledger.abandon_dead():
             logger.warning(
                 "job %r tick %s: the process of replica %s died; recorded abandoned",
-                job, from_us(tick).isoformat(), replica,
-                extra={"event": "abandoned", "job": job, "tick": from_us(tick).isoformat(),
+                job, from_micros(tick).isoformat(), replica,
+                extra={"event": "abandoned", "job": job, "tick": from_micros(tick).isoformat(),
                        "replica": self.replica_id},
             )  # fmt: skip
         for _ in range(_PRUNE_BATCHES):  # a bounded number of short transactions
