@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -427,3 +427,25 @@ def test_a_lock_key_collision_is_the_same_error_as_with_postgres(tmp_path: Path)
     backend.register_job("cleanup")
     with pytest.raises(LockKeyCollisionError, match="same lock key \\(42\\) as job 'cleanup'"):
         backend.register_job("job-42")
+
+
+def test_the_ledger_accepts_every_outcome_and_nothing_else(tmp_path: Path) -> None:
+    import re
+
+    from replicron import Outcome
+
+    backend = asyncio.run(opened(tmp_path))
+    asyncio.run(backend.close())
+    with closing(sqlite3.connect(backend.ledger_path)) as conn:
+        [(table,)] = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'replicron_runs'")
+        listed = re.search(r"outcome\s+TEXT CHECK \(outcome IN \(([^)]*)\)\)", table)
+        assert listed is not None
+        assert set(re.findall(r"'(\w+)'", listed[1])) == {outcome.value for outcome in Outcome}
+        insert = (
+            "INSERT INTO replicron_runs (job, scheduled_at, replica_id, claimed_at, outcome)"
+            " VALUES ('job', ?, 'r', 0, ?)"
+        )
+        for n, outcome in enumerate(Outcome):
+            conn.execute(insert, (n, outcome.value))
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(insert, (99, "exploded"))

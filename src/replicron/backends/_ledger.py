@@ -27,35 +27,28 @@ from typing import Any
 from replicron._schedule.tz import MICROSECOND
 from replicron.errors import StateDirError
 
+from ._sql import SqlFiles
+
 __all__ = ["MIGRATIONS", "Ledger", "now_us", "process_alive", "process_start"]
 
-#: (version, name, statements): applied in order, each once, under an exclusive transaction.
-MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
-    (
-        1,
-        "initial",
-        (
-            """CREATE TABLE replicron_runs (
-                run_id       INTEGER PRIMARY KEY AUTOINCREMENT,
-                job          TEXT    NOT NULL,
-                scheduled_at INTEGER NOT NULL,  -- microseconds since the Unix epoch, UTC
-                replica_id   TEXT    NOT NULL,
-                pid          INTEGER,           -- the claimant process
-                pid_start    INTEGER,           -- its start time (Linux clock ticks), or NULL
-                claimed_at   INTEGER NOT NULL,
-                started_at   INTEGER,
-                finished_at  INTEGER,
-                outcome      TEXT CHECK (outcome IN ('succeeded', 'failed', 'timed_out',
-                    'skipped_overlap', 'skipped_limit', 'missed', 'abandoned')),
-                error        TEXT,
-                UNIQUE (job, scheduled_at)
-            )""",
-            # Open ticks: the overlap check at claim time and the janitor.
-            "CREATE INDEX replicron_runs_open_idx ON replicron_runs (job) WHERE outcome IS NULL",
-            # Retention sweeps.
-            "CREATE INDEX replicron_runs_claimed_at_idx ON replicron_runs (claimed_at)",
-        ),
-    ),
+
+def _statements(sql: str) -> tuple[str, ...]:
+    """The statements of a migration file, one by one (``executescript`` would commit)."""
+    statements, current = [], ""
+    for line in sql.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    if any(line.strip() and not line.strip().startswith("--") for line in current.splitlines()):
+        raise RuntimeError(f"an unfinished statement ends a migration: {current!r}")
+    return tuple(statements)
+
+
+#: (version, name, statements), from ``sql/migrations/NNNN_name.sql``: applied in order, each
+#: once, under an exclusive transaction.
+MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = tuple(
+    (m.version, m.name, _statements(m.sql)) for m in SqlFiles("replicron.backends").migrations()
 )
 
 _CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS replicron_migrations (
