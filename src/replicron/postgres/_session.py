@@ -19,7 +19,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import psycopg
@@ -299,22 +299,13 @@ class LockSession:
             return await self._fetch_once(query, params)
 
     async def _fetch_once(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-        async with self._serial:
-            await self._connect_locked()
-            conn = self._conn
-            assert conn is not None
+        async with self._connected() as conn:
             # Locking statements check that they run on this server session (a pooler would
             # move them): the session they are for is the one they are sent on.
             params = {**params, "pid": self.backend_pid, "session_token": self._token}
             sent_wall, sent_mono = time.time(), time.monotonic()
             try:
                 rows = await self._timed(_rows(conn, query, params))
-            except asyncio.CancelledError:
-                await self._drop()
-                raise
-            except TimeoutError as exc:
-                await self._drop()
-                raise BackendUnavailableError(f"the lock session gave {exc}") from exc
             except psycopg.errors.TransactionRollback as exc:
                 raise _RolledBack(f"the server rolled the statement back: {exc}") from exc
             except psycopg.OperationalError as exc:
@@ -331,23 +322,32 @@ class LockSession:
         needed. As in :meth:`fetch`, a failed connection or a missed ``deadline`` closes the
         session for good and raises :class:`BackendUnavailableError`; an error the server
         answered with, leaving the session as it was, is raised as it is."""
+        async with self._connected() as conn:
+            try:
+                return await self._within(work(conn), deadline)
+            except psycopg.Error as exc:
+                if conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
+                    await self._drop()
+                    raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
+                raise  # refused by the server (a lock timeout ...): the session is as it was
+
+    @contextlib.asynccontextmanager
+    async def _connected(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The session's connection (connected first if need be), for one statement or piece
+        of work at a time. Cut short (cancelled, or past its deadline), it leaves the session
+        in an unknown state: the session is dropped."""
         async with self._serial:
             await self._connect_locked()
             conn = self._conn
             assert conn is not None
             try:
-                return await self._within(work(conn), deadline)
+                yield conn
             except asyncio.CancelledError:
                 await self._drop()
                 raise
             except TimeoutError as exc:
                 await self._drop()
                 raise BackendUnavailableError(f"the lock session gave {exc}") from exc
-            except psycopg.Error as exc:
-                if conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
-                    await self._drop()
-                    raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
-                raise  # refused by the server (a lock timeout ...): the session is as it was
 
     async def _abandon(self, statement: asyncio.Future[Any]) -> None:
         """Stop waiting for a statement whose answer did not come. psycopg answers a first
