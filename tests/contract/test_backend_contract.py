@@ -241,6 +241,37 @@ def test_a_tick_listed_twice_in_one_batch_is_claimed_once(backends: Backends) ->
     backends.run(main())
 
 
+def test_repeats_in_a_batch_are_found_by_instant(backends: Backends) -> None:
+    """Another zone's spelling of a tick is a repeat; the two instants of a local hour that
+    repeats (01:30 in New York on 2023-11-05, EDT then EST) are two ticks."""
+    kyiv, new_york = ZoneInfo("Europe/Kyiv"), ZoneInfo("America/New_York")
+    early = datetime(2023, 11, 5, 1, 30, tzinfo=new_york)  # 05:30 UTC
+    late = early.replace(fold=1)  # 06:30 UTC: equal to early by wall time
+    batch = [
+        ("report", tick(1)),
+        ("report", tick(1).astimezone(kyiv)),  # the repeat of the first
+        ("report", early),
+        ("report", late),
+        ("sync", tick(1)),  # another job
+        ("report", late.astimezone(kyiv)),  # the repeat of late
+    ]
+
+    async def main() -> None:
+        a, b = await backends.open(2)
+        claims = await a.claim([ClaimRequest(job, at, False) for job, at in batch])
+        assert [c.scheduled_at for c in claims] == [at for _, at in batch]
+        assert [c.status for c in claims] == [CLAIMED, TAKEN, CLAIMED, CLAIMED, CLAIMED, TAKEN]
+        assert len({c.run_id for c in claims[:4] if c.run_id is not None}) == 3
+        records = [
+            RunRecord(f"{job}-2", at, Outcome.MISSED, backends.replica_id(b), None, None, None,
+                      None)
+            for job, at in batch
+        ]  # fmt: skip
+        assert await b.record_unclaimed(records) == [True, False, True, True, True, False]
+
+    backends.run(main())
+
+
 # ---- the run lock -----------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from replicron.events import Outcome
@@ -95,16 +95,20 @@ _Answer = TypeVar("_Answer")
 def once_per_tick(batch: Sequence[_Item]) -> tuple[list[_Item], list[int]]:
     """A batch with each ``(job, tick)`` once: the items that first mention each tick (in
     order), and for every item of ``batch`` the position of its tick among them, or -1 for a
-    repeat. A backend handles each tick once and answers every item with
-    :func:`answer_each`."""
-    first: dict[tuple[str, datetime], int] = {}  # aware datetimes: equal instants, equal keys
+    repeat. Ticks are told apart by instant, whatever their zone: two aware datetimes of one
+    zone compare by wall time, so the two instants of a repeated local hour would be one. A
+    backend handles each tick once and answers every item with :func:`answer_each`."""
+    first: dict[tuple[str, datetime], int] = {}
     unique: list[_Item] = []
     where: list[int] = []
     for item in batch:
-        at = first.setdefault((item.job, item.scheduled_at), len(unique))
-        if at == len(unique):
+        at = item.scheduled_at
+        if at.tzinfo is not UTC:
+            at = at.astimezone(UTC)
+        position = first.setdefault((item.job, at), len(unique))
+        if position == len(unique):
             unique.append(item)
-            where.append(at)
+            where.append(position)
         else:
             where.append(-1)
     return unique, where
