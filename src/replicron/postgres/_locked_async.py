@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from replicron._aio import shielded  # async-only
 from replicron.keys import job_lock_key
+from replicron.postgres._aio import shielded  # async-only
 from replicron.postgres._locked_result import LockedRun
 
 __all__ = ["LockedRun", "alocked_run"]
