@@ -13,6 +13,7 @@ was reused (a restarted container gets the same small pids again).
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sqlite3
@@ -29,7 +30,7 @@ from replicron.errors import StateDirError
 
 from ._sql import SqlFiles
 
-__all__ = ["MIGRATIONS", "Ledger", "now_us", "process_alive", "process_start"]
+__all__ = ["Ledger", "migrations", "now_us", "process_alive", "process_start"]
 
 
 def _statements(sql: str) -> tuple[str, ...]:
@@ -45,11 +46,14 @@ def _statements(sql: str) -> tuple[str, ...]:
     return tuple(statements)
 
 
-#: (version, name, statements), from ``sql/migrations/NNNN_name.sql``: applied in order, each
-#: once, under an exclusive transaction.
-MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = tuple(
-    (m.version, m.name, _statements(m.sql)) for m in SqlFiles("replicron.backends").migrations()
-)
+@functools.cache
+def migrations() -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """(version, name, statements), from ``sql/migrations/NNNN_name.sql``: applied in order,
+    each once, under an exclusive transaction. Read on first use, not on import."""
+    return tuple(
+        (m.version, m.name, _statements(m.sql)) for m in SqlFiles("replicron.backends").migrations()
+    )
+
 
 _CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS replicron_migrations (
     version    INTEGER PRIMARY KEY,
@@ -149,14 +153,14 @@ class Ledger:
         try:
             conn.execute(_CREATE_MIGRATIONS)
             done = {row[0] for row in conn.execute("SELECT version FROM replicron_migrations")}
-            newest = MIGRATIONS[-1][0]
+            newest = migrations()[-1][0]
             if done and max(done) > newest:
                 raise StateDirError(
                     self.path,
                     f"schema version {max(done)} was written by a newer replicron "
                     f"(this one knows up to {newest})",
                 )
-            for version, name, statements in MIGRATIONS:
+            for version, name, statements in migrations():
                 if version in done:
                     continue
                 for statement in statements:

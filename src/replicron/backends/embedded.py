@@ -16,12 +16,14 @@ No server: gunicorn/uvicorn workers or a few daemons on one machine share ``stat
 
 SQLite calls and file locks block (a write waits up to ``busy_timeout`` for another process's
 transaction): they run on a thread of the backend's own, one at a time and in order, never on
-the caller's event loop.
+the caller's event loop. A caller cancelled meanwhile is let go at once; what its call took is
+let go of too (see ``_call``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sqlite3
@@ -29,16 +31,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicron._schedule.tz import from_micros, to_micros
 from replicron.errors import ConfigurationError, StateDirError
+from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, now_us, process_start
+from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
 from .base import (
     Claim,
     ClaimRequest,
@@ -60,7 +64,6 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-LEDGER_NAME = "replicron.sqlite3"
 LOCKS_DIR = "locks"
 _MASK64 = (1 << 64) - 1
 #: Rows deleted per transaction, and transactions per janitor run, when pruning.
@@ -144,29 +147,36 @@ class EmbeddedBackend:
     ) -> None:
         if self._ledger is not None or self._io is not None:
             raise ConfigurationError("this EmbeddedBackend is open already")
-        self._io = ThreadPoolExecutor(1, thread_name_prefix=f"replicron-embedded-{replica_id}")
+        self._io = io = ThreadPoolExecutor(1, thread_name_prefix=f"replicron-embedded-{replica_id}")
         try:
             await self._call(self._open_ledger, replica_id, on_lock_lost)
         except BaseException:
-            io, self._io = self._io, None
+            # Failed, or cancelled while the ledger was being opened (which goes on): whatever
+            # was opened is closed behind it, and the thread ends once that is done.
+            self._io = None
+            io.submit(self._close_ledger)
             io.shutdown(wait=False)
             raise
 
     async def close(self) -> None:
-        io = self._io
+        io, self._io = self._io, None  # calls from now on are refused
         if io is None:
             return
+        closing = io.submit(self._close_ledger)  # behind the calls under way
         try:
-            await self._call(self._close_ledger)
+            await _complete(closing)
         finally:
-            self._io = None
-            io.shutdown(wait=True)  # its last task is done: the thread just ends
+            # Joined once its last call is done (at once, then); if close() itself was
+            # cancelled, the thread still closes the ledger, and ends after it.
+            io.shutdown(wait=closing.done())
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        return await self._call(self._claim, requests)
+        return await self._call(self._claim, requests, give_back=self._give_back_claims)
 
     async def lock(self, claim: Claim) -> bool:
-        return await self._call(self._lock, claim)
+        return await self._call(
+            self._lock, claim, give_back=lambda locked: self._give_back_lock(claim, locked)
+        )
 
     async def release(self, releases: Sequence[Release]) -> None:
         if releases:
@@ -178,14 +188,31 @@ class EmbeddedBackend:
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         return await self._call(self._last_ticks, jobs) if jobs else {}
 
-    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
-        """``work(*args)`` on the backend's own thread, one call at a time, in order. A
-        caller that is cancelled stops waiting, but the call runs to its end: what it claimed
-        or locked is kept track of, and released by the calls queued after it (``close``)."""
-        if self._io is None:
+    async def _call(
+        self, work: Callable[..., _T], *args: Any, give_back: Callable[[_T], None] | None = None
+    ) -> _T:
+        """``work(*args)`` on the backend's own thread: one call at a time, in the order they
+        were made, never on the caller's loop. Its transaction ends whole (committed, or
+        rolled back with the locks it took) whatever happens to the caller.
+
+        If the caller is cancelled, a call without ``give_back`` (recording outcomes) still
+        runs to its end. One with ``give_back`` (claiming, locking) is dropped if it has not
+        begun; if it has, it runs to its end and then ``give_back`` lets go of what it took,
+        which the caller never heard of: nobody would run its ticks or drop their locks.
+        """
+        io = self._io
+        if io is None:
             raise ConfigurationError("the EmbeddedBackend is not open")
-        done = asyncio.wrap_future(self._io.submit(work, *args))
-        return await asyncio.shield(done)
+        call = io.submit(work, *args)
+        if give_back is None:
+            return await _complete(call)
+        try:
+            return await asyncio.wrap_future(call)
+        except asyncio.CancelledError:
+            if not call.cancel():  # it has begun (or ended): it is given back right after
+                with contextlib.suppress(RuntimeError):  # closed meanwhile: close() did it
+                    io.submit(self._give_back, call, give_back)
+            raise
 
     def _open_ledger(
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None
@@ -195,10 +222,10 @@ class EmbeddedBackend:
             self._on_lock_lost = on_lock_lost
         self._pid = os.getpid()
         self._pid_start = process_start(self._pid)
-        directory = _prepare_state_dir(self.state_dir)
+        directory = prepare_state_dir(self.state_dir)
         ledger = Ledger(directory / LEDGER_NAME, self.busy_timeout)
         try:
-            _prepare_locks_dir(directory / LOCKS_DIR)
+            prepare_locks_dir(directory / LOCKS_DIR)
             self._janitor(ledger)
         except sqlite3.Error as exc:
             ledger.close()
@@ -330,6 +357,41 @@ class EmbeddedBackend:
                 extra={"event": "lock_error", "replica": self.replica_id},
             )  # fmt: skip
 
+    def _give_back(self, call: Future[_T], give_back: Callable[[_T], None]) -> None:
+        if self._ledger is None or call.cancelled() or call.exception() is not None:
+            return  # closed (close() let go of everything), or it took nothing
+        try:
+            give_back(call.result())
+        except Exception:  # what is left open is recorded abandoned at close
+            logger.exception(
+                "could not let go of what a cancelled call took",
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )
+
+    def _give_back_claims(self, claims: list[Claim]) -> None:
+        """The ticks a claim won for a caller that was cancelled: recorded missed (not run),
+        and then their locks dropped."""
+        won = [c for c in claims if c.status is not ClaimStatus.TAKEN]
+        for claim in won:
+            logger.warning(
+                "job %r tick %s: its claim's caller was cancelled; recorded missed",
+                claim.job, claim.scheduled_at.isoformat(),
+                extra={"event": "missed", "job": claim.job,
+                       "tick": claim.scheduled_at.isoformat(), "replica": self.replica_id},
+            )  # fmt: skip
+        self._release([Release(self._lost(claim), claim.locked) for claim in won])
+
+    def _give_back_lock(self, claim: Claim, locked: bool) -> None:
+        if locked:  # its run was never started: the tick is recorded missed, then unlocked
+            self._release([Release(self._lost(claim), True)])
+
+    def _lost(self, claim: Claim) -> RunRecord:
+        error = "claimed, but its caller was cancelled before it heard; not run"
+        return RunRecord(
+            claim.job, claim.scheduled_at, Outcome.MISSED, self.replica_id, claim.run_id,
+            None, None, error,
+        )  # fmt: skip
+
     def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         ledger = self._require()
         unique, where = once_per_tick(records)  # a record listed twice is recorded once
@@ -431,44 +493,20 @@ class EmbeddedBackend:
                 break
 
 
-def _prepare_state_dir(path: Path) -> Path:
-    """Create the state directory if needed and check it can be used; its real path."""
+async def _complete(call: Future[_T]) -> _T:
+    """Wait for a call that is not dropped when its caller is cancelled: the caller stops
+    waiting, the call runs to its end (an error it ends with is logged there, unseen)."""
+    waiter = asyncio.wrap_future(call)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise StateDirError(path, "exists and is not a directory") from exc
-    except OSError as exc:
-        raise StateDirError(path, f"cannot be created: {exc.strerror or exc}") from exc
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StateDirError(path, "is not writable by this process")
-    ledger = path / LEDGER_NAME
-    if ledger.exists() and not ledger.is_file():
-        raise StateDirError(ledger, "is not a regular file")
-    if ledger.exists() and not os.access(ledger, os.R_OK | os.W_OK):
-        raise StateDirError(ledger, "is not readable and writable by this process")
-    return Path(os.path.realpath(path))
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        waiter.add_done_callback(_log_unseen)
+        raise
 
 
-def _prepare_locks_dir(path: Path) -> None:
-    """Create the lock directory and check that ``flock`` works in it (it does not on some
-    network filesystems, and a lock that does nothing would let runs overlap)."""
-    import fcntl  # POSIX only; the constructor refused other systems
-
-    try:
-        path.mkdir(exist_ok=True)
-        fd = os.open(path / ".probe", os.O_RDWR | os.O_CREAT, 0o644)
-    except FileExistsError as exc:
-        raise StateDirError(path, "exists and is not a directory") from exc
-    except OSError as exc:
-        raise StateDirError(path, f"cannot hold lock files: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    except BlockingIOError:
-        pass  # another process is probing at this moment: locks work
-    except OSError as exc:
-        raise StateDirError(
-            path, f"file locks do not work here ({exc.strerror or exc}): use a local filesystem"
-        ) from exc
-    finally:
-        os.close(fd)
+def _log_unseen(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.cancelled() and waiter.exception() is not None:
+        logger.error(
+            "a call whose caller was cancelled failed", exc_info=waiter.exception(),
+            extra={"event": "lock_error"},
+        )  # fmt: skip
