@@ -31,7 +31,11 @@ class Lease:
     def start(self, run_id: int, sent_at: float) -> None:
         """The run's claim (or lock) was sent at ``sent_at`` and succeeded."""
         self._proven[run_id] = sent_at
-        self._rearm()
+        # Only an earlier expiry moves the timer: a batch of n claims must not look for the
+        # earliest of all n times over (a timer that fires early finds nothing and rearms).
+        timer = self._timer
+        if timer is None or sent_at + self.length < timer.when():
+            self._rearm()
 
     def renew(self, run_ids: Iterable[int], sent_at: float) -> None:
         """A heartbeat sent at ``sent_at`` refreshed these runs' rows."""
