@@ -16,6 +16,7 @@ from replicron import (
     JobNotFoundError,
     MemoryBackend,
     Outcome,
+    Scheduler,
     every,
 )
 from replicron._engine.background import Background
@@ -235,3 +236,52 @@ def test_catch_up_runs_the_latest_missed_tick_and_records_the_rest() -> None:
     assert asyncio.run(catch_up()) == [Tick("a", START + timedelta(seconds=50))]
     missed = [r.scheduled_at for r in backend.state.history("a") if r.outcome is Outcome.MISSED]
     assert missed == [START + timedelta(seconds=s) for s in (10, 20, 30, 40)]
+
+
+# ---- what is made ahead for the next instant ------------------------------------------
+
+
+def _prepare_now(scheduler: Scheduler) -> None:
+    """Run the engine's preparation of the next instant on its loop, as it does when idle
+    (in real time, which a fake clock does not drive), and wait for it."""
+    engine, loop = scheduler._engine, scheduler._loop
+    assert loop is not None
+
+    async def prepare() -> None:
+        engine._prepare_now()
+
+    asyncio.run_coroutine_threadsafe(prepare(), loop).result(5)
+
+
+def test_the_run_made_ahead_is_the_one_the_task_sees_and_changes_since_are_honoured() -> None:
+    from replicron import RunContext, current_run
+    from replicron._engine.runs import Run
+
+    clock = FakeClock(START)
+    backend = MemoryBackend()
+    seen: list[tuple[str, RunContext, bool]] = []
+
+    def task(name: str) -> None:
+        seen.append((name, current_run(), name in backend.state.locks_held()))
+
+    scheduler = Scheduler(clock=clock, backend=backend)
+    scheduler.add_job(every(seconds=10), task, "kept", name="kept")
+    scheduler.add_job(every(seconds=10), task, "changed", name="changed")
+    scheduler.start()
+    try:
+        _prepare_now(scheduler)
+        made = dict(scheduler._engine._runs._prepared)
+        assert sorted(made) == ["changed", "kept"]
+        assert all(run.scheduled_at == START + timedelta(seconds=10) for run in made.values())
+        # Changed after its run was made: its lock is no longer wanted.
+        scheduler.get_job("changed").update(overlap="allow")
+        clock.advance(timedelta(seconds=10))
+        scheduler.wait_idle()
+    finally:
+        scheduler.shutdown()
+    runs = {name: (ctx, locked) for name, ctx, locked in seen}
+    assert runs["kept"][0] is made["kept"]  # the object made ahead, filled in at the instant
+    assert runs["kept"][1] is True  # and holding its lock while it ran
+    assert isinstance(runs["changed"][0], Run)
+    assert runs["changed"][1] is False  # overlap="allow": no lock, whatever was made ahead
+    assert {ctx.run_id for ctx, _ in runs.values()} == {1}
