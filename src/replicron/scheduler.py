@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import threading
@@ -13,6 +14,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._engine.engine import ConcurrencyMode, Engine
+from ._engine.planner import CatchUp, OverlapPolicy
 from ._engine.spec import build_job_spec
 from ._schedule.tz import UTC, resolve_zone
 from .backends.base import Backend
@@ -76,9 +78,20 @@ class _JobsAPI:
         if (
             isinstance(stop_timeout, bool)
             or not isinstance(stop_timeout, int | float)
-            or (stop_timeout < 0)
+            or not math.isfinite(stop_timeout)
+            or stop_timeout < 0
         ):
-            raise InvalidJobOptionError(f"stop_timeout must be >= 0 seconds, not {stop_timeout!r}")
+            raise InvalidJobOptionError(
+                f"stop_timeout must be a finite number of seconds >= 0, not {stop_timeout!r}"
+            )
+        if clock is not None and not isinstance(clock, Clock):
+            raise InvalidJobOptionError(
+                f"clock must be a replicron Clock (SystemClock(), FakeClock(), ...), not {clock!r}"
+            )
+        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id.strip()):
+            raise InvalidJobOptionError(
+                f"replica_id must be a non-empty string, not {replica_id!r}"
+            )
         for listener in listeners:
             if not isinstance(listener, Listener):
                 raise InvalidJobOptionError(
@@ -97,6 +110,10 @@ class _JobsAPI:
             defer_gc=defer_gc,
             logger=_logger,
         )
+        self._init_face()
+
+    def _init_face(self) -> None:
+        """What a face adds to the shared state (the thread-based one: its thread)."""
 
     @property
     def replica_id(self) -> str:
@@ -118,12 +135,12 @@ class _JobsAPI:
         *args: Any,
         name: str | None = None,
         tags: Iterable[str] | str = (),
-        overlap: str = "skip",
+        overlap: OverlapPolicy = "skip",
         timeout: timedelta | float | None = None,
         start_at: datetime | None = None,
         stop_at: datetime | None = None,
         max_runs: int | None = None,
-        catch_up: str = "latest",
+        catch_up: CatchUp = "latest",
         misfire_grace: timedelta | float | None = None,
         **kwargs: Any,
     ) -> Job:
@@ -205,8 +222,7 @@ class AsyncScheduler(_JobsAPI):
 class Scheduler(_JobsAPI):
     """The scheduler for threaded code: the engine runs on its own background thread."""
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def _init_face(self) -> None:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._life = threading.Lock()

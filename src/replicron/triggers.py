@@ -14,7 +14,7 @@ import itertools
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from datetime import date, datetime, time, tzinfo
+from datetime import date, datetime, time, timedelta, tzinfo
 from typing import Any, Protocol, runtime_checkable
 
 from ._schedule import calendar as _calendar
@@ -348,16 +348,16 @@ def cron(expression: str, *, seconds: bool = False, tz: str | tzinfo | None = No
 
 
 def every(
-    interval: Any = None,
+    interval: timedelta | None = None,
     /,
     *,
     seconds: float = 0,
     minutes: float = 0,
     hours: float = 0,
     days: float = 0,
-    jitter: Any = None,
+    jitter: timedelta | float | None = None,
     anchor: datetime | None = None,
-    between: Any = None,
+    between: tuple[timedelta | float, timedelta | float] | None = None,
 ) -> IntervalTrigger:
     """Ticks every ``interval`` (a timedelta, or seconds=/minutes=/hours=/days=), anchored at
     ``anchor`` (default: the Unix epoch), so that every replica agrees on them.

@@ -222,11 +222,11 @@ def test_importing_replicron_registers_no_fork_hook() -> None:
 
 
 def run_two_jobs_on_one_thread(
-    clock: FakeClock, first: Callable[[], object], **options: object
+    clock: FakeClock, first: Callable[[], object], *, defer_gc: bool = False
 ) -> None:
     """Run one instant of two jobs on one worker thread: while the first runs, the second
     waits for the thread (if both are sync)."""
-    s = Scheduler(clock=clock, max_workers=1, **options)
+    s = Scheduler(clock=clock, max_workers=1, defer_gc=defer_gc)
     s.add_job(every(seconds=10), first, name="first")
     s.add_job(every(seconds=10), noop, name="second")
     s.start()

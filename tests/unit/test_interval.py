@@ -127,6 +127,15 @@ def test_naive_instant_is_rejected() -> None:
         ({"between": 5}, "must be a pair"),
         ({"between": (1, 2, 3)}, "must be a pair"),
         ({"between": (1, 5), "seconds": 3}, "give it alone"),
+        ({"seconds": float("nan")}, "seconds must be a finite number"),
+        ({"minutes": float("inf")}, "minutes must be a finite number"),
+        ({"days": 1e12}, "longer than a timedelta can hold"),
+        ({"seconds": 1e20}, "longer than a timedelta can hold"),
+        ({"seconds": True}, "seconds must be a timedelta or a number"),
+        ({"seconds": "5"}, "seconds must be a timedelta or a number"),
+        ({"seconds": 10, "jitter": float("nan")}, "jitter must be a finite number"),
+        ({"seconds": 10, "jitter": 1e20}, "longer than a timedelta can hold"),
+        ({"between": (1, float("inf"))}, "between max must be a finite number"),
     ],
 )
 def test_bad_intervals_fail_at_construction(kwargs: dict[str, object], message: str) -> None:
@@ -138,7 +147,7 @@ def test_bad_intervals_fail_at_construction(kwargs: dict[str, object], message: 
 
 def test_bad_positional_interval() -> None:
     with pytest.raises(InvalidIntervalError, match=r"every\(seconds=\.\.\.\)"):
-        every(30)
+        every(30)  # type: ignore[arg-type]
     with pytest.raises(InvalidIntervalError, match="not both"):
         every(timedelta(seconds=3), seconds=3)
     with pytest.raises(InvalidIntervalError, match="must be positive"):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -172,9 +174,9 @@ def test_registration_errors_name_the_job(scheduler: Scheduler) -> None:
     with pytest.raises(InvalidJobNameError, match="pass name="):
         scheduler.add_job(every(seconds=1), lambda: None)
     with pytest.raises(InvalidJobOptionError, match="job 'x': overlap must be one of"):
-        scheduler.add_job(every(seconds=1), noop, name="x", overlap="sometimes")
+        scheduler.add_job(every(seconds=1), noop, name="x", overlap="sometimes")  # type: ignore[arg-type]
     with pytest.raises(InvalidJobOptionError, match="job 'x': catch_up"):
-        scheduler.add_job(every(seconds=1), noop, name="x", catch_up="some")
+        scheduler.add_job(every(seconds=1), noop, name="x", catch_up="some")  # type: ignore[arg-type]
     with pytest.raises(InvalidJobOptionError, match="job 'x': max_runs"):
         scheduler.add_job(every(seconds=1), noop, name="x", max_runs=0)
     with pytest.raises(InvalidJobOptionError, match="job 'x': timeout must be positive"):
@@ -204,9 +206,14 @@ def test_registration_errors_name_the_job(scheduler: Scheduler) -> None:
         ({"stop_timeout": -1}, "stop_timeout"),
         ({"listeners": [object()]}, "listeners"),
         ({"defer_gc": "yes"}, "defer_gc"),
+        ({"stop_timeout": float("nan")}, "stop_timeout must be a finite number"),
+        ({"stop_timeout": float("inf")}, "stop_timeout must be a finite number"),
+        ({"clock": time}, "clock must be a replicron Clock"),
+        ({"replica_id": 5}, "replica_id must be a non-empty string"),
+        ({"replica_id": "  "}, "replica_id must be a non-empty string"),
     ],
 )
-def test_bad_scheduler_options(options: dict[str, object], message: str) -> None:
+def test_bad_scheduler_options(options: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidJobOptionError, match=message):
         Scheduler(**options)
     with pytest.raises(replicron.InvalidTimezoneError):
@@ -481,3 +488,46 @@ def test_start_at_anchors_interval_jobs_built_without_an_anchor(scheduler: Sched
         pinned_anchor + timedelta(minutes=10),
         pinned_anchor + timedelta(minutes=15),
     ]
+
+
+def _generator() -> Iterator[None]:
+    yield None
+
+
+async def _async_generator() -> AsyncIterator[None]:
+    yield None
+
+
+@pytest.mark.parametrize(
+    ("func", "options", "message"),
+    [
+        (noop, {"timeout": float("nan")}, "job 'x': timeout must be a finite number"),
+        (noop, {"timeout": float("inf")}, "job 'x': timeout must be a finite number"),
+        (noop, {"timeout": 1e20}, "job 'x': timeout of 1e\\+20 seconds is longer"),
+        (noop, {"timeout": True}, "job 'x': timeout must be a timedelta or a number"),
+        (noop, {"misfire_grace": float("nan")}, "job 'x': misfire_grace must be a finite"),
+        (noop, {"misfire_grace": -1}, "job 'x': misfire_grace must be positive"),
+        (noop, {"tags": 5}, "job 'x': tags must be a string or strings"),
+        (noop, {"tags": [5]}, "job 'x': tags must be non-empty strings"),
+        (_generator, {}, "job 'x': _generator is a generator function"),
+        (_async_generator, {}, "job 'x': _async_generator is an async generator function"),
+    ],
+)
+def test_bad_job_input_fails_at_registration_naming_job_and_field(
+    scheduler: Scheduler, func: Any, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidJobOptionError, match=message):
+        scheduler.add_job(every(seconds=1), func, name="x", **options)
+    assert scheduler.jobs() == []  # nothing was registered
+
+
+def test_both_faces_take_the_same_typed_options_and_nothing_else() -> None:
+    import inspect
+
+    threaded = inspect.signature(Scheduler).parameters
+    asyncio_face = inspect.signature(replicron.AsyncScheduler).parameters
+    assert threaded == asyncio_face
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in threaded.values())
+    assert "timezone" in threaded
+    with pytest.raises(TypeError, match="timezon"):
+        Scheduler(timezon="UTC")  # type: ignore[call-arg]

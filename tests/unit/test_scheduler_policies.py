@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from replicron import (
     current_run,
     every,
 )
+from replicron._engine.planner import CatchUp
 from replicron.backends import Claim, ClaimRequest, RunRecord
 from replicron.testing import FakeClock
 from tests.helpers import Recorder, z
@@ -71,7 +73,7 @@ class Gate:
 def make() -> Iterator[Callable[..., Scheduler]]:
     made: list[Scheduler] = []
 
-    def build(**options: object) -> Scheduler:
+    def build(**options: Any) -> Scheduler:
         s = Scheduler(**options)
         s.start()
         made.append(s)
@@ -291,7 +293,7 @@ def test_restart_catches_up_the_latest_missed_tick(clock: FakeClock) -> None:
     ],
 )
 def test_catch_up_policies(
-    clock: FakeClock, policy: str, grace: timedelta | None, expected: list[Outcome]
+    clock: FakeClock, policy: CatchUp, grace: timedelta | None, expected: list[Outcome]
 ) -> None:
     state = MemoryState()
     first = Recorder()

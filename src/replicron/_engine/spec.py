@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+from replicron._schedule.durations import as_duration
 from replicron.errors import InvalidJobArgumentsError, InvalidJobNameError, InvalidJobOptionError
 from replicron.keys import check_job_name
 from replicron.triggers import (
@@ -90,6 +91,7 @@ def build_job_spec(
     if isinstance(trigger, IntervalTrigger) and not trigger.key:
         trigger = trigger.for_job(job)
     _bind(job, func, args, kwargs)
+    _refuse_generators(job, func)
     if overlap not in _OVERLAP:
         raise bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
     if catch_up not in _CATCH_UP:
@@ -164,6 +166,20 @@ def _bind(
         ) from None
 
 
+def _refuse_generators(job: str, func: Callable[..., Any]) -> None:
+    """A generator function called as a task returns a generator and runs none of its body:
+    the run would be recorded succeeded with nothing done."""
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        kind = "an async generator" if inspect.isasyncgenfunction(target) else "a generator"
+        raise InvalidJobOptionError(
+            f"job {job!r}: {getattr(target, '__name__', target)} is {kind} function: calling "
+            "it would run none of its body; schedule a plain function"
+        )
+
+
 def _is_async(func: Callable[..., Any]) -> bool:
     try:
         return _is_async_cached(func)
@@ -185,7 +201,15 @@ def _is_async_uncached(func: Callable[..., Any]) -> bool:
 
 
 def _tags(job: str, tags: Iterable[str] | str) -> frozenset[str]:
-    items = [tags] if isinstance(tags, str) else list(tags)
+    if isinstance(tags, str):
+        items = [tags]
+    else:
+        try:
+            items = list(tags)
+        except TypeError:
+            raise InvalidJobOptionError(
+                f"job {job!r}: tags must be a string or strings, not {tags!r}"
+            ) from None
     for tag in items:
         if not isinstance(tag, str) or not tag.strip():
             raise InvalidJobOptionError(f"job {job!r}: tags must be non-empty strings, not {tag!r}")
@@ -197,11 +221,7 @@ def _duration(
 ) -> timedelta | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise InvalidJobOptionError(
-            f"job {job!r}: {label} must be a timedelta or seconds, not {value!r}"
-        )
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    delta = as_duration(value, f"job {job!r}: {label}", InvalidJobOptionError)
     if delta < timedelta(0) or (delta == timedelta(0) and not allow_zero):
         raise InvalidJobOptionError(f"job {job!r}: {label} must be positive, not {value!r}")
     return delta

@@ -16,9 +16,12 @@ from typing import Any
 
 from replicron.errors import InvalidIntervalError
 
+from .durations import as_duration
 from .tz import EPOCH, MICROSECOND, from_micros, to_micros
 
 __all__ = ["IntervalRule", "make_interval_rule", "random_fraction"]
+
+_UNIT = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
 
 def random_fraction(key: str, index: int) -> float:
@@ -87,12 +90,8 @@ def _text(delta: timedelta) -> str:
     return f"timedelta(seconds={delta.total_seconds():g})"
 
 
-def _duration(value: Any, what: str) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    raise InvalidIntervalError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
+def _duration(value: object, what: str) -> timedelta:
+    return as_duration(value, what, InvalidIntervalError)
 
 
 def make_interval_rule(
@@ -115,7 +114,15 @@ def make_interval_rule(
     if interval is not None and parts_given:
         raise InvalidIntervalError("give every() a timedelta or seconds=/minutes=/..., not both")
     if interval is None and parts_given:
-        interval = timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days)
+        parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+        interval = timedelta(0)
+        for unit, amount in parts.items():
+            try:
+                interval += _duration(amount, unit) * _UNIT[unit]
+            except OverflowError:
+                raise InvalidIntervalError(
+                    f"every({unit}={amount!r}) is longer than a timedelta can hold"
+                ) from None
     given = anchor is not None
     anchor = EPOCH if anchor is None else anchor
     if between is not None:
