@@ -25,7 +25,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="replicron", description=__doc__)
+    from . import __version__
+
+    parser = _Parser(
+        prog="replicron",
+        description="Scheduled jobs run exactly once across replicas: inspect a cluster, "
+        "manage its database, try it out.",
+    )
+    parser.add_argument("--version", action="version", version=f"replicron {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     nxt = commands.add_parser(
         "next",

@@ -76,3 +76,18 @@ def test_invalid_input_gives_one_line_and_status_2(args: list[str], fragment: st
     assert lines[0].startswith("replicron")
     assert fragment in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["-m", "replicron"], ["-m", "replicron.cli"]])
+def test_the_version_and_a_help_written_for_people(command: list[str]) -> None:
+    import replicron
+
+    version = subprocess.run(
+        [sys.executable, *command, "--version"], capture_output=True, text=True, check=True
+    )
+    assert version.stdout == f"replicron {replicron.__version__}\n"
+    helped = subprocess.run(
+        [sys.executable, *command, "--help"], capture_output=True, text=True, check=True
+    )
+    assert "Scheduled jobs run exactly once across replicas" in helped.stdout
+    assert "``" not in helped.stdout  # no docstring markup
