@@ -1,20 +1,32 @@
-"""Database URLs in messages: never with their password."""
+"""Database URLs in messages never show their password; SQLAlchemy-style URLs are accepted."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["mask_dsn"]
+__all__ = ["mask_dsn", "plain_postgres_url"]
 
+# scheme://user:SECRET@host...: the secret runs to the authority's last "@" (a password may
+# hold "#", "@" or "?" unescaped; libpq reads them so), not past the path's "/" or a space.
 _URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@?#]*:)(?P<secret>[^@/?#]*)(?=@)", re.I
+    r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^\s/]*)(?=@[^@\s/]*(?:[/?\s]|$))",
+    re.I,
 )
 _KEYWORD_PASSWORD = re.compile(
     r"(?P<head>\bpassword\s*=\s*)(?P<secret>'(?:[^'\\]|\\.)*'|\S+)", re.I
 )
+# SQLAlchemy names the driver in the scheme (postgresql+psycopg://); libpq knows none.
+_DRIVER_SCHEME = re.compile(r"^(?P<scheme>postgres(?:ql)?)\+[a-z0-9_]+://", re.I)
 
 
-def mask_dsn(dsn: str) -> str:
-    """``dsn`` with any password replaced by ``***`` (URL and key=value forms)."""
-    masked = _URL_PASSWORD.sub(r"\g<head>***", dsn)
+def mask_dsn(text: str) -> str:
+    """``text`` (a DSN, or a message that may hold one) with every password replaced by
+    ``***``: in URLs (any scheme, SQLAlchemy's included) and in key=value strings."""
+    masked = _URL_PASSWORD.sub(r"\g<head>***", text)
     return _KEYWORD_PASSWORD.sub(r"\g<head>***", masked)
+
+
+def plain_postgres_url(dsn: str) -> str:
+    """``dsn`` with a SQLAlchemy driver suffix dropped from its scheme
+    (``postgresql+psycopg://`` becomes ``postgresql://``); anything else unchanged."""
+    return _DRIVER_SCHEME.sub(r"\g<scheme>://", dsn.strip(), count=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -108,3 +109,22 @@ def test_unreachable_database_is_one_line_without_password() -> None:
     missing = replicron("migrate")
     assert missing.returncode == 2
     assert "--database-url" in missing.stderr
+
+
+def test_sqlalchemy_urls_with_awkward_passwords_work_and_never_print(dsn: str) -> None:
+    # SQLAlchemy's scheme names the driver; a "#" in a password is read as part of it.
+    url = with_password(dsn, "ab#cd").replace("postgresql://", "postgresql+psycopg://", 1)
+    migrated = replicron("migrate", "--database-url", url)
+    assert migrated.returncode == 0, migrated.stderr
+    status = replicron("status", "--database-url", url)
+    assert status.returncode == 0, status.stderr
+    printed = migrated.stdout + migrated.stderr + status.stdout + status.stderr
+    assert "ab#cd" not in printed
+    assert "postgresql+psycopg://postgres:***@" in migrated.stdout
+
+    async def open_and_close() -> None:  # the backend takes the same URL
+        backend = PostgresBackend(url)
+        await backend.open("r1")
+        await backend.close()
+
+    asyncio.run(open_and_close())

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from replicron._dsn import plain_postgres_url
 from replicron._schedule.tz import UTC
 from replicron.backends.base import (
     Claim,
@@ -98,7 +99,7 @@ class PostgresBackend:
                 raise ConfigurationError("PostgresBackend needs a DSN or a psycopg pool")
         if heartbeat_interval <= 0:
             raise ConfigurationError("heartbeat_interval must be positive")
-        self.conninfo = conninfo
+        self.conninfo = plain_postgres_url(conninfo)
         self.namespace = namespace
         self.migrate = migrate
         self.heartbeat_interval = heartbeat_interval

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from replicron._dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 
 from ._sql import migrations
@@ -35,7 +36,7 @@ LOCK_TIMEOUT = 30.0
 async def migrate(conninfo: str) -> list[str]:
     """Apply the pending migrations; returns the names of those applied now."""
     async with await psycopg.AsyncConnection.connect(
-        conninfo, autocommit=True, prepare_threshold=None
+        plain_postgres_url(conninfo), autocommit=True, prepare_threshold=None
     ) as conn:
         return await _migrate(conn)
 
