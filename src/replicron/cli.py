@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from ._dsn import mask_dsn
 from ._schedule.tz import UTC, resolve_zone
-from .errors import ReplicronError
+from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
 
 __all__ = ["main"]
@@ -99,19 +99,33 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    import psycopg.errors
+
     from .postgres import PostgresBackend
 
-    async def fetch() -> tuple[list[Any], list[Any]]:
-        backend = PostgresBackend(_database_url(args), namespace=args.namespace, migrate=False)
+    url = _database_url(args)
+
+    async def fetch() -> tuple[list[Any], list[Any], dict[str, int]]:
+        backend = PostgresBackend(url, namespace=args.namespace, migrate=False)
         await backend.open("replicron-cli")
         try:
-            return await backend.status(), await backend.replicas()
+            rows = await backend.status()
+            others = {} if rows else await backend.namespaces()
+            return rows, await backend.replicas(), others
         finally:
             await backend.close()
 
-    rows, replicas = asyncio.run(fetch())
+    try:
+        rows, replicas, namespaces = asyncio.run(fetch())
+    except psycopg.errors.UndefinedTable:
+        raise ConfigurationError(
+            f"{mask_dsn(url)} has no replicron tables: run `replicron migrate` on it first"
+        ) from None
     if not rows:
-        print("no runs recorded")
+        print(f"no runs recorded in namespace {args.namespace!r}")
+        if namespaces:
+            listed = ", ".join(f"{name!r} ({count} runs)" for name, count in namespaces.items())
+            print(f"namespaces with runs: {listed}; choose one with --namespace")
         _print_replicas(replicas)
         return 0
     header = ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "LAST SUCCESS", "RUNNING", "MISSED")

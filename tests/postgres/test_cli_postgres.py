@@ -128,3 +128,25 @@ def test_sqlalchemy_urls_with_awkward_passwords_work_and_never_print(dsn: str) -
         await backend.close()
 
     asyncio.run(open_and_close())
+
+
+def test_status_of_an_unmigrated_database_says_what_to_do(dsn: str) -> None:
+    result = replicron("status", "--database-url", dsn)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.endswith("has no replicron tables: run `replicron migrate` on it first\n")
+    assert result.stderr.count("\n") == 1
+
+
+def test_status_of_an_empty_namespace_lists_the_namespaces_with_runs(dsn: str) -> None:
+    clock = FakeClock(z(2026, 1, 1))
+    with Scheduler(clock=clock, backend=PostgresBackend(dsn, namespace="billing/")) as s:
+        s.add_job(every(seconds=10), lambda: None, name="sync")
+        clock.set(z(2026, 1, 1, 0, 0, 10))
+        s.wait_idle()
+    result = replicron("status", "--database-url", dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:2] == [
+        "no runs recorded in namespace ''",
+        "namespaces with runs: 'billing/' (1 runs); choose one with --namespace",
+    ]

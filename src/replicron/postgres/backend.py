@@ -393,6 +393,11 @@ class PostgresBackend:
         rows = await self._fetch("status", stale_after=timedelta(seconds=self.stale_after))
         return [job_status(row) for row in rows]
 
+    async def namespaces(self) -> dict[str, int]:
+        """Every namespace with recorded runs in this database, and its number of rows."""
+        rows: list[tuple[str, int]] = await self._fetch("namespaces")
+        return dict(rows)
+
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
         return [replica_status(row) for row in rows]

@@ -352,3 +352,7 @@ SELECT replica_id, backend_pid, clock_offset_ms, started_at, last_seen,
 FROM replicron_replicas
 WHERE namespace = %(namespace)s
 ORDER BY replica_id;
+
+-- name: namespaces
+-- Every namespace with recorded runs, and how many (for a status of an empty namespace).
+SELECT namespace, count(*) FROM replicron_runs GROUP BY namespace ORDER BY namespace;
