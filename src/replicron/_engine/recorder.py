@@ -87,15 +87,17 @@ class Recorder:
         *,
         error: BaseException | None = None,
         detail: str | None = None,
-        notify_timeout: bool = True,
+        announced: bool = False,
     ) -> None:
-        """Log the outcome, tell the listeners, keep it as the job's latest."""
+        """Log the outcome, tell the listeners, keep it as the job's latest. ``announced``:
+        the outcome was logged and told when it happened (a timeout, at its deadline), so
+        here it is only noted (INFO, no second listener call): one WARNING per event."""
         if state is not None:
             state.last_record = pack_record(record)
             state.last_error, state.last_detail = error, detail
         outcome = record.outcome
         observer = self._observer
-        level = _LOG_LEVEL[outcome]
+        level = _INFO if announced else _LOG_LEVEL[outcome]
         if observer.enabled(level):
             if outcome is Outcome.FAILED:
                 message = f"run failed: {record.error}"
@@ -106,7 +108,7 @@ class Recorder:
             observer.log(
                 level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
             )
-        if observer.listeners and (notify_timeout or outcome is not Outcome.TIMED_OUT):
+        if observer.listeners and not announced:
             observer.notify(_LISTENER_HOOK[outcome], event_of(record, error, detail))
 
     def release(self, record: RunRecord, unlock: bool, state: JobState | None) -> None:

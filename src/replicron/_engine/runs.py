@@ -392,10 +392,7 @@ class RunExecutor:
             deadline = run.deadline
             overrun = timedelta(0) if deadline is None else finished - deadline
             if run.task is None and overrun > timedelta(0):
-                self._observer.log(
-                    _WARNING, "overrun", f"sync run returned {overrun} after its timeout",
-                    run.job_name, run.scheduled_at, run.run_id,
-                )  # fmt: skip
+                run.why = f"{run.why}; the sync task returned {overrun} after it"
         else:
             outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
         text = run.why if error is None else f"{type(error).__name__}: {error}"
@@ -404,7 +401,7 @@ class RunExecutor:
             run.started_at, finished, text,
         )  # fmt: skip
         recorder = self._recorder
-        recorder.report(record, state, error=error, notify_timeout=not run.timed_out)
+        recorder.report(record, state, error=error, detail=run.why, announced=run.timed_out)
         recorder.release(record, run.locked, state)
         if not self.active:
             assert self._idle is not None
