@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -427,3 +428,38 @@ def test_ticks_still_unhandled_at_shutdown_are_recorded_missed(
     assert recorder.outcomes() == [(T[1], Outcome.MISSED)]
     [missed] = recorder.of("on_missed")
     assert "scheduler shut down" in (missed.detail or "")
+
+
+def test_shutdown_without_waiting_names_only_runs_that_ignore_cancellation(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = threading.Barrier(3)
+
+    def polite() -> None:
+        started.wait(10)
+        current_run().cancelled.wait(10)  # honours the cancel event at once
+
+    async def stubborn() -> None:
+        started.wait(10)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(2)  # goes on after being cancelled (for a while)
+
+    caplog.set_level(logging.INFO, logger="replicron")
+    s = Scheduler(clock=clock)
+    s.add_job(every(seconds=10), polite, name="polite")
+    s.add_job(every(seconds=10), stubborn, name="stubborn")
+    s.start()
+    step(clock, T[1])
+    started.wait(10)
+    begun = time.monotonic()
+    s.shutdown(wait=False)
+    took = time.monotonic() - begun
+    named = [
+        (r.event, r.job)  # type: ignore[attr-defined]
+        for r in caplog.records
+        if getattr(r, "event", None) in ("worker_stuck", "run_ignores_cancellation")
+    ]
+    assert named == [("run_ignores_cancellation", "stubborn")]  # not the polite sync run
+    assert took < 1.9  # it did not wait for the stubborn run's 2 s

@@ -50,6 +50,8 @@ class _Failed:
 
 
 _FAILED = _Failed()
+#: Seconds a cancelled run has to end at shutdown, waiting (capped by the stop timeout) or not.
+_CANCEL_GRACE, _CANCEL_GRACE_NO_WAIT = 5.0, 0.5
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
@@ -167,13 +169,16 @@ class Engine:
         self._dispatcher.drop_waiting()
         if wait and _current.get(None) is None:
             await self._runs.wait_finished(limit)
-        await self._runs.abandon_all()
+        # What was told to stop gets a moment to do so, even with wait=False: long enough for
+        # a task that honours cancellation, short enough not to hold a shutdown up.
+        grace = min(limit, _CANCEL_GRACE) if wait else _CANCEL_GRACE_NO_WAIT
+        await self._runs.abandon_all(grace)
         await self._recorder.flush()
         if self._retries.unhandled:
             await self._recovery.record_unhandled_at_stop(limit)
         await self._background.wait(limit)
         await self.backend.close()
-        await self._runs.stop_workers(wait)
+        await self._runs.stop_workers(min(grace, _CANCEL_GRACE_NO_WAIT))
         self.life.phase = "stopped"
         self._stopped.set_result(None)
         self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")

@@ -356,23 +356,37 @@ class RunExecutor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout)
 
-    async def abandon_all(self) -> None:
-        """At shutdown: cut off every run still going; recorded abandoned."""
-        tasks = []
+    async def abandon_all(self, grace: float) -> None:
+        """At shutdown: cut off every run still going; recorded abandoned. Async runs get
+        ``grace`` seconds to end once cancelled; one that goes on is named and left."""
+        tasks = {}
         for run in list(self.active):
             run.cut_off("the scheduler shut down before the run returned", abandoned=True)
             if run.task is not None:
-                tasks.append(run.task)
+                tasks[run.task] = run
         if tasks:
-            await asyncio.wait(tasks, timeout=5)
+            _, going_on = await asyncio.wait(tasks, timeout=grace)
+            for task in going_on:
+                run = tasks[task]
+                self._observer.log(
+                    _WARNING, "run_ignores_cancellation",
+                    f"async run still going {grace} s after it was cancelled; left to it",
+                    run.job_name, run.scheduled_at, run.run_id,
+                )  # fmt: skip
         for run in list(self.active):  # sync runs still in their threads
             self._finish(run, None, self.clock.now())
 
-    async def stop_workers(self, wait: bool) -> None:
+    async def stop_workers(self, grace: float) -> None:
+        """Let the worker threads go; a thread still in a run ``grace`` seconds after its run
+        was told to stop (a task that does not look at ``cancelled``) is named and left (it
+        is a daemon thread)."""
         assert self._workers is not None
-        stuck = await asyncio.to_thread(self._workers.stop, 0.5 if wait else 0.0)
+        stuck = await asyncio.to_thread(self._workers.stop, grace)
         for thread in stuck:
-            self._observer.log(_ERROR, "worker_stuck", f"{thread.name} ignores cancellation")
+            self._observer.log(
+                _WARNING, "worker_stuck",
+                f"{thread.name} is still in a run {grace} s after it was told to stop; left to it",
+            )  # fmt: skip
 
     # ---- finishing ---------------------------------------------------------------------
 
