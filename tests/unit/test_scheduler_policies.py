@@ -463,3 +463,26 @@ def test_shutdown_without_waiting_names_only_runs_that_ignore_cancellation(
     ]
     assert named == [("run_ignores_cancellation", "stubborn")]  # not the polite sync run
     assert took < 1.9  # it did not wait for the stubborn run's 2 s
+
+
+def test_misfire_grace_applies_to_every_start_not_only_at_catch_up(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    # j1's tick waits for a slot behind j0's run; by the time it frees, the tick is 5 minutes
+    # old, past j1's misfire_grace of a minute.
+    blocker, late = Gate(), Gate()
+    tick = T[1] + timedelta(seconds=1)
+    s = make(clock=clock, listeners=[recorder], max_concurrent_jobs=1)
+    s.add_job(every(seconds=10), blocker, name="j0")
+    s.add_job(every(hours=1, anchor=tick), late, name="j1", misfire_grace=60)
+    step(clock, T[1])
+    blocker.wait_started(1)
+    step(clock, tick)  # claimed, and waiting for the slot
+    step(clock, tick + timedelta(minutes=5))
+    blocker.release.set()
+    [missed] = recorder.wait_count("on_missed", 1, job="j1")
+    assert missed.scheduled_at == tick
+    assert missed.detail == (
+        "it would have started 0:05:00 after its tick, past misfire_grace 0:01:00"
+    )
+    assert late.started == []  # it never ran

@@ -167,6 +167,12 @@ class RunExecutor:
             return
         # One clock read per batch; the run's real start is taken again where it begins.
         started = self.clock.now() if now is None else now
+        grace = spec.misfire_grace
+        if grace is not None and started - claim.scheduled_at > grace:
+            late = started - claim.scheduled_at
+            why = f"it would have started {late} after its tick, past misfire_grace {grace}"
+            self._recorder.record(state, claim, Outcome.MISSED, why, claim.locked)
+            return
         timeout = spec.timeout
         deadline = None if timeout is None else started + timeout
         job, scheduled_at = claim.job, claim.scheduled_at
