@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from replicron._dsn import plain_postgres_url
 from replicron._schedule.tz import UTC
 from replicron.backends.base import (
     Claim,
@@ -41,6 +40,7 @@ from replicron.keys import LockKeyRegistry, job_lock_key
 from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._session import BackendUnavailableError, LockSession, TransactionPoolerError
+from ._sources import ConnectionSource, conninfo_of
 from ._sql import queries
 from ._status import JobStatus, ReplicaStatus, job_status, replica_status
 from ._tokens import ClaimTokens
@@ -81,7 +81,7 @@ class PostgresBackend:
 
     def __init__(
         self,
-        conninfo: str,
+        conninfo: ConnectionSource,
         *,
         namespace: str = "",
         migrate: bool = True,
@@ -93,13 +93,9 @@ class PostgresBackend:
         retention: timedelta = timedelta(days=14),
         connect_timeout: float = 10.0,
     ) -> None:
-        if not isinstance(conninfo, str):
-            conninfo = getattr(conninfo, "conninfo", conninfo)
-            if not isinstance(conninfo, str):
-                raise ConfigurationError("PostgresBackend needs a DSN or a psycopg pool")
         if heartbeat_interval <= 0:
             raise ConfigurationError("heartbeat_interval must be positive")
-        self.conninfo = plain_postgres_url(conninfo)
+        self.conninfo = conninfo_of(conninfo)
         self.namespace = namespace
         self.migrate = migrate
         self.heartbeat_interval = heartbeat_interval

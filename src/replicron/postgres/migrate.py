@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from replicron._dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 
+from ._sources import ConnectionSource, conninfo_of
 from ._sql import migrations
 
 if TYPE_CHECKING:
@@ -33,10 +33,10 @@ CREATE TABLE IF NOT EXISTS replicron_migrations (
 LOCK_TIMEOUT = 30.0
 
 
-async def migrate(conninfo: str) -> list[str]:
+async def migrate(conninfo: ConnectionSource) -> list[str]:
     """Apply the pending migrations; returns the names of those applied now."""
     async with await psycopg.AsyncConnection.connect(
-        plain_postgres_url(conninfo), autocommit=True, prepare_threshold=None
+        conninfo_of(conninfo), autocommit=True, prepare_threshold=None
     ) as conn:
         return await _migrate(conn)
 
