@@ -114,3 +114,60 @@ def test_keys_above_2_63_are_sent_signed(dsn: str) -> None:
 def test_rejects_an_unknown_source() -> None:
     with pytest.raises(TypeError, match="expected a DSN"):
         locked_run(42, "x", lambda: None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("autocommit", [False, True])
+def test_threads_sharing_one_connection_exclude_each_other(dsn: str, autocommit: bool) -> None:
+    others_done = threading.Event()
+    results: list[LockedRun] = []
+    with psycopg.connect(dsn, autocommit=autocommit) as conn:
+
+        def work() -> str:
+            assert others_done.wait(10)  # holds the lock until every other caller has tried
+            return "ran"
+
+        def call() -> None:
+            results.append(locked_run(conn, "shared", work))
+            if sum(1 for r in results if not r.ran) == 4:
+                others_done.set()
+
+        threads = [threading.Thread(target=call) for _ in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        assert sorted(r.ran for r in results) == [False, False, False, False, True]
+        # Left as found: idle (no transaction left open), and the lock released.
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert held_keys(dsn) == set()
+
+
+def test_a_transaction_of_the_callers_stays_open(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT 1")  # the caller's own transaction, open
+        assert locked_run(conn, "in-tx", lambda: 42) == LockedRun(True, 42)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.rollback()
+    assert held_keys(dsn) == set()
+
+
+def test_tasks_sharing_one_async_connection_exclude_each_other(dsn: str) -> None:
+    async def main() -> list[LockedRun]:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            release = asyncio.Event()
+
+            async def work() -> str:
+                await release.wait()
+                return "ran"
+
+            calls = [asyncio.create_task(alocked_run(conn, "shared", work)) for _ in range(5)]
+            while sum(call.done() for call in calls) < 4:  # the four that found it held
+                await asyncio.sleep(0)
+            release.set()
+            results = [await c for c in calls]
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            return results
+
+    results = asyncio.run(main())
+    assert sorted(r.ran for r in results) == [False, False, False, False, True]
+    assert held_keys(dsn) == set()

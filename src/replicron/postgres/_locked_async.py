@@ -14,16 +14,19 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.pq import TransactionStatus
 
 from replicron.keys import job_lock_key
 from replicron.postgres._aio import shielded  # async-only
-from replicron.postgres._locked_result import LockedRun
+from replicron.postgres._locked_result import LockedRun, ProcessHolds
 
 __all__ = ["LockedRun", "alocked_run"]
 
 logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool[Any]
+
+_holds = ProcessHolds()
 
 
 @asynccontextmanager
@@ -41,16 +44,36 @@ async def _dedicated(source: ConnectionSource) -> AsyncIterator[psycopg.AsyncCon
         raise TypeError(f"expected a DSN, a connection or a connection pool, not {source!r}")
 
 
-async def _try_lock(conn: psycopg.AsyncConnection[Any], key: int) -> bool:
-    cursor = await conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [key])
+async def _ask(conn: psycopg.AsyncConnection[Any], query: str, key: int) -> bool:
+    """One lock function's answer, leaving the connection as it was: a connection that was
+    idle outside autocommit gets the transaction its statement opened committed (a session
+    lock outlives it), while a transaction of the caller's is left open as found."""
+    opened = not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    cursor = await conn.execute(query, [key])
     row = await cursor.fetchone()
+    if opened:
+        await conn.commit()
     return bool(row and row[0])
 
 
+async def _try_lock(conn: psycopg.AsyncConnection[Any], key: int) -> bool:
+    if not _holds.take(conn, key):  # a caller sharing this connection holds it
+        return False
+    try:
+        locked = await _ask(conn, "SELECT pg_try_advisory_lock(%s::bigint)", key)
+    except BaseException:
+        _holds.give_back(conn, key)
+        raise
+    if not locked:
+        _holds.give_back(conn, key)
+    return locked
+
+
 async def _unlock(conn: psycopg.AsyncConnection[Any], name: str, key: int) -> bool:
-    cursor = await conn.execute("SELECT pg_advisory_unlock(%s::bigint)", [key])
-    row = await cursor.fetchone()
-    released = bool(row and row[0])
+    try:
+        released = await _ask(conn, "SELECT pg_advisory_unlock(%s::bigint)", key)
+    finally:
+        _holds.give_back(conn, key)
     if not released:
         logger.error(
             "lock of %r (key %s) was not held at unlock: the session was reset or lost",
@@ -73,6 +96,10 @@ async def alocked_run(
     (from the DSN, the pool, or the connection given), never waited for. The unlock runs on
     that same connection even when ``func`` raises or the caller is cancelled, and its result
     is checked. Returns ``LockedRun(ran, value)``.
+
+    A connection given may be shared by callers of this process (threads, tasks): they
+    exclude each other (an advisory lock would re-enter within the session), and the
+    connection is left as found (idle stays idle, a transaction of the caller's stays open).
     """
     key = job_lock_key(name)
     async with _dedicated(source) as conn:

@@ -9,15 +9,18 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.pq import TransactionStatus
 
 from replicron.keys import job_lock_key
-from replicron.postgres._locked_result import LockedRun
+from replicron.postgres._locked_result import LockedRun, ProcessHolds
 
 __all__ = ["LockedRun", "locked_run"]
 
 logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.Connection[Any] | psycopg_pool.ConnectionPool[Any]
+
+_holds = ProcessHolds()
 
 
 @contextmanager
@@ -35,16 +38,36 @@ def _dedicated(source: ConnectionSource) -> Iterator[psycopg.Connection[Any]]:
         raise TypeError(f"expected a DSN, a connection or a connection pool, not {source!r}")
 
 
-def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
-    cursor = conn.execute("SELECT pg_try_advisory_lock(%s::bigint)", [key])
+def _ask(conn: psycopg.Connection[Any], query: str, key: int) -> bool:
+    """One lock function's answer, leaving the connection as it was: a connection that was
+    idle outside autocommit gets the transaction its statement opened committed (a session
+    lock outlives it), while a transaction of the caller's is left open as found."""
+    opened = not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE
+    cursor = conn.execute(query, [key])
     row = cursor.fetchone()
+    if opened:
+        conn.commit()
     return bool(row and row[0])
 
 
+def _try_lock(conn: psycopg.Connection[Any], key: int) -> bool:
+    if not _holds.take(conn, key):  # a caller sharing this connection holds it
+        return False
+    try:
+        locked = _ask(conn, "SELECT pg_try_advisory_lock(%s::bigint)", key)
+    except BaseException:
+        _holds.give_back(conn, key)
+        raise
+    if not locked:
+        _holds.give_back(conn, key)
+    return locked
+
+
 def _unlock(conn: psycopg.Connection[Any], name: str, key: int) -> bool:
-    cursor = conn.execute("SELECT pg_advisory_unlock(%s::bigint)", [key])
-    row = cursor.fetchone()
-    released = bool(row and row[0])
+    try:
+        released = _ask(conn, "SELECT pg_advisory_unlock(%s::bigint)", key)
+    finally:
+        _holds.give_back(conn, key)
     if not released:
         logger.error(
             "lock of %r (key %s) was not held at unlock: the session was reset or lost",
@@ -67,6 +90,10 @@ def locked_run(
     (from the DSN, the pool, or the connection given), never waited for. The unlock runs on
     that same connection even when ``func`` raises or the caller is cancelled, and its result
     is checked. Returns ``LockedRun(ran, value)``.
+
+    A connection given may be shared by callers of this process (threads, tasks): they
+    exclude each other (an advisory lock would re-enter within the session), and the
+    connection is left as found (idle stays idle, a transaction of the caller's stays open).
     """
     key = job_lock_key(name)
     with _dedicated(source) as conn:
