@@ -86,3 +86,21 @@ class Listener:
 
     def on_lock_error(self, event: RunEvent) -> Any:
         """The backend failed to claim, lock or record a tick; ``event.error`` says why."""
+
+    def on_taken(self, event: RunEvent) -> Any:
+        """Another replica claimed the tick first: it runs there, not here."""
+
+    def on_started(self, replica_id: str) -> Any:
+        """The scheduler started."""
+
+    def on_stopped(self, replica_id: str) -> Any:
+        """The scheduler stopped: every run ended or was cut off, every outcome written."""
+
+    def on_job_added(self, name: str) -> Any:
+        """A job was added while the scheduler runs."""
+
+    def on_job_updated(self, name: str) -> Any:
+        """A job's trigger or options changed while the scheduler runs."""
+
+    def on_job_removed(self, name: str) -> Any:
+        """A job was removed while the scheduler runs."""

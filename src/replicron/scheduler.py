@@ -169,6 +169,18 @@ class _JobsAPI:
 
         return register
 
+    def add_listener(self, listener: Listener) -> None:
+        """Tell ``listener`` of what happens from now on (any thread, running or not)."""
+        if not isinstance(listener, Listener):
+            raise InvalidJobOptionError(
+                f"listeners must be replicron.Listener instances, not {listener!r}"
+            )
+        self._engine.observer.add(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop telling ``listener``; nothing happens if it was not added."""
+        self._engine.observer.remove(listener)
+
     def remove_job(self, name: str) -> None:
         self._engine.registry.remove_job(name)
 

@@ -7,8 +7,8 @@ JSON object per line to its stdout for each tick it saw:
 
 * ``{"kind": "ready", "replica": ..., "at": <epoch seconds>}`` once its scheduler runs;
 * ``ran``: it ran the tick (``run_id``, ``late_ms``, ``took_ms``, ``outcome``);
-* ``skipped``: another replica had the tick (the ``taken`` DEBUG record of the ``replicron``
-  logger) or the job's run lock was held elsewhere (``on_skipped``);
+* ``skipped``: another replica had the tick (``on_taken``) or the job's run lock was held
+  elsewhere (``on_skipped``);
 * ``missed`` / ``error``: ``on_missed`` / ``on_lock_error``.
 
 Everything else (logs, warnings) goes to stderr, which the parent sends to a log file. SIGTERM,
@@ -86,23 +86,6 @@ class Channel:
         self.send(kind, job=job, tick=at.astimezone(UTC).isoformat(), **fields)
 
 
-class TakenHandler(logging.Handler):
-    """Turns the ``replicron`` logger's ``taken`` records into ``skipped`` lines."""
-
-    def __init__(self, channel: Channel) -> None:
-        super().__init__(logging.DEBUG)
-        self.channel = channel
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "event", None) != "taken":
-            return
-        try:
-            job, tick = getattr(record, "job", None), getattr(record, "tick", None)
-            self.channel.tick("skipped", job, tick, why="another replica has it")
-        except Exception:
-            self.handleError(record)
-
-
 def _ms(delta: timedelta | None) -> float | None:
     return None if delta is None else round(delta.total_seconds() * 1000, 1)
 
@@ -142,6 +125,9 @@ class Reporter(Listener):
 
     def on_lock_error(self, event: RunEvent) -> None:
         self.channel.tick("error", event.job, event.scheduled_at, why=repr(event.error))
+
+    def on_taken(self, event: RunEvent) -> None:
+        self.channel.tick("skipped", event.job, event.scheduled_at, why="another replica has it")
 
 
 def make_task(work_s: float) -> Callable[[], None]:
@@ -210,11 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s {args.replica} %(levelname)s %(name)s: %(message)s",
     )
-    log = logging.getLogger("replicron")
-    log.setLevel(logging.DEBUG)  # "another replica has it" is a DEBUG record
-    log.addHandler(TakenHandler(channel))
-    for handler in logging.getLogger().handlers:
-        handler.setLevel(logging.INFO)  # the log file gets INFO and up, not every run
 
     try:
         scheduler = Scheduler(

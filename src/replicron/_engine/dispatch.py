@@ -11,7 +11,7 @@ from typing import Literal
 
 from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
 from replicron.clock import Clock
-from replicron.events import Outcome
+from replicron.events import Outcome, RunEvent
 
 from .observe import Observer
 from .planner import Tick, overlap_action
@@ -143,9 +143,12 @@ class Dispatcher:
         """Start, record, queue or drop a tick the backend answered for."""
         status, record = claim.status, self._recorder.record
         if status is ClaimStatus.TAKEN:
-            self._observer.log(
-                _DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at
-            )
+            observer = self._observer
+            observer.log(_DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at)
+            if observer.listeners:
+                observer.notify(
+                    "on_taken", RunEvent(claim.job, claim.scheduled_at, observer.replica_id)
+                )
         elif status is ClaimStatus.LOCKED:
             record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
         elif status is ClaimStatus.EARLY:

@@ -83,8 +83,9 @@ class Engine:
         self._background = Background(self._quiet_may_have_changed)
         self.observer = Observer(logger, replica_id, listeners, self._background.spawn)
         self.registry = JobRegistry(
-            clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke
-        )
+            clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke,
+            changed=self._job_changed,
+        )  # fmt: skip
         self._recorder = Recorder(
             backend=backend, registry=self.registry, observer=self.observer,
             background=self._background, life=self.life, replica_id=replica_id,
@@ -136,6 +137,7 @@ class Engine:
         self._main = loop.create_task(self._run_loop(), name="replicron-engine")
         jobs = len(self.registry)
         self.observer.log(_INFO, "scheduler_started", f"scheduler started ({jobs} jobs)")
+        self.observer.notify("on_started", self.replica_id)
 
     def close_unstarted(self) -> None:
         if self.life.phase == "new":
@@ -176,6 +178,7 @@ class Engine:
         await self._recorder.flush()
         if self._retries.unhandled:
             await self._recovery.record_unhandled_at_stop(limit)
+        self.observer.notify("on_stopped", self.replica_id)
         await self._background.wait(limit)
         await self.backend.close()
         await self._runs.stop_workers(min(grace, _CANCEL_GRACE_NO_WAIT))
@@ -293,6 +296,15 @@ class Engine:
                 waker.cancel()
         finally:
             self._asleep = False
+
+    def _job_changed(self, hook: str, name: str) -> None:
+        """A job was added, updated or removed (any thread): told to the listeners on the
+        loop, while the scheduler runs."""
+        loop = self._loop
+        if loop is None or not self.life.running or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # loop closed in between
+            loop.call_soon_threadsafe(self.observer.notify, hook, name)
 
     def _poke(self) -> None:
         """Wake the loop after a change (any thread); one pending wake-up serves any number

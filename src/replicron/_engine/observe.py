@@ -54,7 +54,17 @@ class Observer:
         where = f"job {job!r} tick {extra['tick']}: " if job is not None else ""
         self.logger.log(level, "%s%s", where, message, extra=extra, exc_info=exc_info)
 
-    def notify(self, hook: str, event: RunEvent) -> None:
+    def add(self, listener: Listener) -> None:
+        # A new tuple each time: a notify under way goes on with the one it began with.
+        if listener not in self.listeners:
+            self.listeners = (*self.listeners, listener)
+
+    def remove(self, listener: Listener) -> None:
+        self.listeners = tuple(other for other in self.listeners if other is not listener)
+
+    def notify(self, hook: str, event: Any) -> None:
+        """Call ``hook`` of every listener with ``event`` (a RunEvent, a job name or a
+        replica id, by hook)."""
         for listener in self.listeners:
             try:
                 result = getattr(listener, hook)(event)
@@ -64,7 +74,7 @@ class Observer:
             if inspect.isawaitable(result):
                 self._spawn(self._await_listener(result, hook, event))
 
-    async def _await_listener(self, result: Awaitable[Any], hook: str, event: RunEvent) -> None:
+    async def _await_listener(self, result: Awaitable[Any], hook: str, event: Any) -> None:
         try:
             await result
         except asyncio.CancelledError:
@@ -72,13 +82,15 @@ class Observer:
         except Exception as exc:
             self._listener_failed(hook, event, exc)
 
-    def _listener_failed(self, hook: str, event: RunEvent, exc: Exception) -> None:
+    def _listener_failed(self, hook: str, event: Any, exc: Exception) -> None:
+        job: str | None = None
+        tick: datetime | None = None
+        run_id: int | None = None
+        if isinstance(event, RunEvent):
+            job, tick, run_id = event.job, event.scheduled_at, event.run_id
+        elif hook.startswith("on_job"):  # a job's name; other hooks get this replica's id
+            job = event
         self.log(
-            logging.ERROR,
-            "listener_failed",
-            f"listener {hook} raised {exc!r}",
-            event.job,
-            event.scheduled_at,
-            event.run_id,
-            exc_info=exc,
-        )
+            logging.ERROR, "listener_failed", f"listener {hook} raised {exc!r}",
+            job, tick, run_id, exc_info=exc,
+        )  # fmt: skip

@@ -70,9 +70,11 @@ class JobRegistry:
         backend: Backend,
         life: Lifecycle,
         wake: Callable[[], None],
+        changed: Callable[[str, str], None] = lambda hook, name: None,
     ) -> None:
         self.clock, self.timezone = clock, timezone
         self._backend, self._life, self._wake = backend, life, wake
+        self._changed = changed  # (listener hook, job name), after a change while running
         self._lock = threading.RLock()
         self._jobs: dict[str, JobState] = {}
         self._planner = Planner()
@@ -102,6 +104,7 @@ class JobRegistry:
             if self._life.running:
                 self._catch_up_needed.append(spec.name)
         self._wake()
+        self._changed("on_job_added", spec.name)
 
     def update_job(self, name: str, trigger: Trigger | None, options: dict[str, Any]) -> None:
         self._life.check_usable()
@@ -124,6 +127,7 @@ class JobRegistry:
                 self._plan(state)
                 raise
         self._wake()
+        self._changed("on_job_updated", name)
 
     def remove_job(self, name: str) -> None:
         self._life.check_usable()
@@ -133,6 +137,7 @@ class JobRegistry:
             self._backend.unregister_job(name)
             self._planner.remove(name)
         self._wake()
+        self._changed("on_job_removed", name)
 
     def remove_by_tag(self, tag: str) -> list[str]:
         with self._lock:
