@@ -34,6 +34,14 @@ _logger = logging.getLogger(__name__)
 _DEFAULT_WORKERS = 8
 
 
+def _check_listener(listener: object) -> Listener:
+    if not isinstance(listener, Listener):
+        raise InvalidJobOptionError(
+            f"listeners must be replicron.Listener instances, not {listener!r}"
+        )
+    return listener
+
+
 def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -93,10 +101,7 @@ class _JobsAPI:
                 f"replica_id must be a non-empty string, not {replica_id!r}"
             )
         for listener in listeners:
-            if not isinstance(listener, Listener):
-                raise InvalidJobOptionError(
-                    f"listeners must be replicron.Listener instances, not {listener!r}"
-                )
+            _check_listener(listener)
         self._engine = Engine(
             clock=SystemClock() if clock is None else clock,
             backend=MemoryBackend() if backend is None else backend,
@@ -171,11 +176,7 @@ class _JobsAPI:
 
     def add_listener(self, listener: Listener) -> None:
         """Tell ``listener`` of what happens from now on (any thread, running or not)."""
-        if not isinstance(listener, Listener):
-            raise InvalidJobOptionError(
-                f"listeners must be replicron.Listener instances, not {listener!r}"
-            )
-        self._engine.observer.add(listener)
+        self._engine.observer.add(_check_listener(listener))
 
     def remove_listener(self, listener: Listener) -> None:
         """Stop telling ``listener``; nothing happens if it was not added."""

@@ -301,8 +301,8 @@ class Engine:
         """A job was added, updated or removed (any thread): told to the listeners on the
         loop, while the scheduler runs."""
         loop = self._loop
-        if loop is None or not self.life.running or loop.is_closed():
-            return
+        if not self.observer.listeners or loop is None or not self.life.running:
+            return  # (jobs added in bulk with no listener must not wake the loop each time)
         with contextlib.suppress(RuntimeError):  # loop closed in between
             loop.call_soon_threadsafe(self.observer.notify, hook, name)
 

@@ -110,7 +110,6 @@ class RunExecutor:
         self._from_unix: Callable[[float], datetime] | None = None
         if isinstance(clock, _RealTimeWaits) and clock.tells_unix_time():
             self._from_unix = clock.from_unix
-        self._unix_time = self._from_unix is not None
         self.active: set[Run] = set()
         self._prepared: dict[str, Run] = {}  # job -> its run at the next instant, made ahead
         self._deadlines: list[tuple[datetime, int, Run]] = []
@@ -258,7 +257,7 @@ class RunExecutor:
     def _run_sync(self, run: Run) -> None:
         if run.finished:  # abandoned at shutdown before a worker got to it
             return
-        unix_time = self._unix_time
+        unix_time = self._from_unix is not None
         if unix_time:
             run.unix_started = time.time()
         else:

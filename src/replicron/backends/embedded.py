@@ -414,8 +414,6 @@ class EmbeddedBackend:
         return None  # the processes share this host's clock
 
     def _last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
-        if not jobs:
-            return {}
         found = self._require().last_ticks(list(dict.fromkeys(jobs)))
         return {job: from_micros(tick) for job, tick in found.items()}
 
