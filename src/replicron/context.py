@@ -22,10 +22,14 @@ class RunContext:
     idempotency key. ``run_id`` is a fencing token that increases with every run of the job
     (``None`` where the backend gives none). ``cancelled`` is a ``threading.Event`` set when
     the run should stop (timeout, shutdown, lost lock): sync tasks should poll or wait on it;
-    async tasks are cancelled instead.
+    async tasks are cancelled instead. ``manual`` is true for a run asked for with
+    ``Job.run_now`` (its ``scheduled_at`` is when it was asked for, not a tick).
     """
 
-    __slots__ = ("_event", "_stop", "deadline", "job_name", "replica_id", "run_id", "scheduled_at")
+    __slots__ = (
+        "_event", "_stop", "deadline", "job_name", "manual", "replica_id", "run_id",
+        "scheduled_at",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -34,12 +38,14 @@ class RunContext:
         run_id: int | None,
         replica_id: str,
         deadline: datetime | None,
+        manual: bool = False,
     ) -> None:
         self.job_name = job_name
         self.scheduled_at = scheduled_at
         self.run_id = run_id
         self.replica_id = replica_id
         self.deadline = deadline
+        self.manual = manual
         self._event: threading.Event | None = None
         self._stop = False
 

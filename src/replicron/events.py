@@ -43,6 +43,8 @@ class RunEvent:
     finished_at: datetime | None = None
     error: BaseException | None = None
     detail: str | None = None
+    #: A manual run (``Job.run_now``): ``scheduled_at`` is when it was asked for.
+    manual: bool = False
 
     @property
     def lateness(self) -> timedelta | None:

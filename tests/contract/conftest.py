@@ -51,6 +51,7 @@ class Recorded:
     outcome: str
     replica_id: str
     error: str | None
+    manual: bool = False
 
 
 class Store(Protocol):
@@ -72,7 +73,7 @@ class MemoryStore:
 
     def recorded(self, job: str) -> dict[datetime, Recorded]:
         return {
-            r.scheduled_at: Recorded(r.outcome.value, r.replica_id, r.error)
+            r.scheduled_at: Recorded(r.outcome.value, r.replica_id, r.error, r.manual)
             for r in self.state.history(job)
         }
 
@@ -91,11 +92,14 @@ class PostgresStore:
     def recorded(self, job: str) -> dict[datetime, Recorded]:
         with psycopg.connect(self.dsn) as conn:
             rows = conn.execute(
-                "SELECT scheduled_at, outcome, replica_id, error FROM replicron_runs"
+                "SELECT scheduled_at, outcome, replica_id, error, manual FROM replicron_runs"
                 " WHERE job = %s AND outcome IS NOT NULL",
                 [job],
             ).fetchall()
-        return {tick: Recorded(outcome, replica, error) for tick, outcome, replica, error in rows}
+        return {
+            tick: Recorded(outcome, replica, error, manual)
+            for tick, outcome, replica, error, manual in rows
+        }
 
 
 class EmbeddedStore:
@@ -112,7 +116,7 @@ class EmbeddedStore:
         conn = sqlite3.connect(self.state_dir / LEDGER_NAME)
         try:
             rows = conn.execute(
-                "SELECT scheduled_at, outcome, replica_id, error FROM replicron_runs"
+                "SELECT scheduled_at, outcome, replica_id, error, manual FROM replicron_runs"
                 " WHERE job = ? AND outcome IS NOT NULL",
                 [job],
             ).fetchall()
@@ -120,8 +124,8 @@ class EmbeddedStore:
             conn.close()
         epoch = datetime(1970, 1, 1, tzinfo=UTC)
         return {
-            epoch + timedelta(microseconds=tick): Recorded(outcome, replica, error)
-            for tick, outcome, replica, error in rows
+            epoch + timedelta(microseconds=tick): Recorded(outcome, replica, error, bool(manual))
+            for tick, outcome, replica, error, manual in rows
         }
 
 

@@ -176,6 +176,8 @@ def test_a_retried_claim_recognises_the_rows_its_first_try_inserted(dsn: str) ->
         "ticks": [tick(1), tick(1)],
         "keys": [1, 2],
         "locks": [False, False],
+        "manual": [False, False],
+        "limits": [None, None],
         "replica": "replica-a",
         "tokens": [uuid.uuid4()] * 2,
         "ahead": timedelta(0),

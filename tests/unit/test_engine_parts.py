@@ -28,6 +28,7 @@ from replicron._engine.recovery import Recovery
 from replicron._engine.registry import JobRegistry, JobState
 from replicron._engine.retries import Retries
 from replicron._engine.spec import JobSpec, build_job_spec
+from replicron._schedule.tz import MICROSECOND
 from replicron.backends.base import Claim, ClaimStatus, Release, RunRecord
 from replicron.errors import SchedulerClosedError
 from replicron.testing import FakeClock
@@ -87,7 +88,7 @@ def test_the_registry_plans_jobs_and_hands_out_what_is_due() -> None:
         START + timedelta(seconds=20),
     ]
     parts.clock.advance(timedelta(seconds=30))
-    decision, immediate, catch_up = registry.take_due(parts.clock.now())
+    decision, immediate, catch_up, manual = registry.take_due(parts.clock.now())
     assert decision.due == [
         Tick("a", START + timedelta(seconds=30)),
         Tick("b", START + timedelta(seconds=30)),
@@ -97,6 +98,7 @@ def test_the_registry_plans_jobs_and_hands_out_what_is_due() -> None:
     ]
     assert immediate == []
     assert catch_up == []
+    assert manual == []
 
 
 def test_the_registry_refuses_duplicates_unknown_names_and_jobs_that_never_run() -> None:
@@ -118,10 +120,14 @@ def test_run_now_and_catch_up_requests_go_to_the_next_step() -> None:
     parts.life.phase = "running"
     registry.add_job(spec("b"))  # added while running: its missed ticks are looked up
     registry.run_now("a")
-    _, immediate, catch_up = registry.take_due(parts.clock.now())
-    assert immediate == [Tick("a", START)]
+    registry.run_now("a")
+    _, immediate, catch_up, manual = registry.take_due(parts.clock.now())
+    assert immediate == []
     assert catch_up == ["b"]
-    assert registry.take_due(parts.clock.now())[1:] == ([], [])
+    # START is a tick of "a" (every 10 s): its manual runs are recorded just off it, each at
+    # an instant of its own.
+    assert manual == [Tick("a", START + MICROSECOND), Tick("a", START + 2 * MICROSECOND)]
+    assert registry.take_due(parts.clock.now())[1:] == ([], [], [])
 
 
 def test_a_closed_registry_refuses_changes() -> None:

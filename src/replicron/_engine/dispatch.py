@@ -22,7 +22,7 @@ from .runs import RunExecutor
 
 __all__ = ["ConcurrencyMode", "Dispatcher", "TickAction"]
 
-_DEBUG = logging.DEBUG
+_DEBUG, _INFO = logging.DEBUG, logging.INFO
 ConcurrencyMode = Literal["queue", "skip"]
 #: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
 TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
@@ -73,10 +73,15 @@ class Dispatcher:
         for job, tick in ticks:
             if job in prepared or (state := get(job)) is None:
                 continue
-            prepared[job] = _new(ClaimRequest, (job, tick, state.spec.overlap != "allow"))
+            spec = state.spec
+            prepared[job] = _new(
+                ClaimRequest, (job, tick, spec.overlap != "allow", False, spec.max_runs)
+            )
             prepare_run(state, tick)
 
-    async def dispatch(self, ticks: list[Tick]) -> None:
+    async def dispatch(self, ticks: list[Tick], manual: bool = False) -> None:
+        """Claim ``ticks`` and start, record or queue each; ``manual``: they are manual runs
+        (``run_now``) rather than ticks of their jobs' triggers."""
         # These loops run once per tick of a burst, thousands of times at one instant, before
         # the last run of the burst can begin: keep them lean.
         requests: list[ClaimRequest] = []
@@ -90,7 +95,8 @@ class Dispatcher:
             state = jobs_get(job)
             if state is None:
                 continue
-            lock = state.spec.overlap != "allow"
+            spec = state.spec
+            lock, max_runs = spec.overlap != "allow", spec.max_runs
             if state.running or limit is not None:
                 action = self._action(state, active)
                 if action == "run" or action == "limit_queue":
@@ -100,10 +106,13 @@ class Dispatcher:
                 if action != "run":
                     unusual[len(states)] = action
             request = prepared_get(job)
-            if request is not None and request[1] is scheduled_at and request[2] is lock:
+            if (
+                request is not None and request[1] is scheduled_at and request[2] is lock
+                and request[4] is max_runs and not manual
+            ):  # fmt: skip
                 del prepared[job]
             else:
-                request = _new(ClaimRequest, (job, scheduled_at, lock))
+                request = _new(ClaimRequest, (job, scheduled_at, lock, manual, max_runs))
             add_request(request)
             add_state(state)
         if not requests:
@@ -142,7 +151,10 @@ class Dispatcher:
     def _settle(self, state: JobState, claim: Claim, action: TickAction, now: datetime) -> None:
         """Start, record, queue or drop a tick the backend answered for."""
         status, record = claim.status, self._recorder.record
-        if status is ClaimStatus.TAKEN:
+        if status is ClaimStatus.TAKEN and claim.manual:
+            # Another replica's manual run of the job asked for at the same microsecond.
+            self._registry.manual_taken(Tick(claim.job, claim.scheduled_at))
+        elif status is ClaimStatus.TAKEN:
             observer = self._observer
             observer.log(_DEBUG, "taken", "another replica has it", claim.job, claim.scheduled_at)
             if observer.listeners:
@@ -157,6 +169,12 @@ class Dispatcher:
                 claim.job, claim.scheduled_at,
             )  # fmt: skip
             self._retries.early(Tick(claim.job, claim.scheduled_at), now)
+        elif status is ClaimStatus.EXHAUSTED:
+            self._registry.retire(claim.job)
+            self._observer.log(
+                _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached across the "
+                "replicas: the job has no more ticks", claim.job, claim.scheduled_at,
+            )  # fmt: skip
         elif action == "run":
             self._runs.start(state, claim, now)
         elif action == "skip":

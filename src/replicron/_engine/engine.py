@@ -41,7 +41,7 @@ from .runs import RunExecutor
 
 __all__ = ["ConcurrencyMode", "Engine"]
 
-_INFO = logging.INFO
+_INFO, _WARNING = logging.INFO, logging.WARNING
 _T = TypeVar("_T")
 
 
@@ -169,6 +169,11 @@ class Engine:
             self._prepare_handle.cancel()
             self._prepare_handle = None
         self._dispatcher.drop_waiting()
+        for job, asked_at in self.registry.drop_manual():
+            self.observer.log(
+                _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
+                "scheduler shut down first", job, asked_at,
+            )  # fmt: skip
         if wait and _current.get(None) is None:
             await self._runs.wait_finished(limit)
         # What was told to stop gets a moment to do so, even with wait=False: long enough for
@@ -202,7 +207,7 @@ class Engine:
         assert self._wake is not None
         self._wake.clear()
         now = self.clock.now()
-        decision, immediate, catch_up = self.registry.take_due(now)
+        decision, immediate, catch_up, manual = self.registry.take_due(now)
         retries = self._retries
         immediate += retries.early_due(now)
         # Each part is guarded on its own: a backend failure must not stop the scheduler,
@@ -225,6 +230,11 @@ class Engine:
                 due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
             if await self._guarded(self._dispatcher.dispatch(due), due) is _FAILED:
                 retries.unhandle(due, now)
+        if manual:
+            claimed = self._dispatcher.dispatch(manual, manual=True)
+            if await self._guarded(claimed, manual) is _FAILED:
+                self.registry.manual_again(manual)
+                retries.retry_backend(now)
         if decision.missed:
             missed = self._recovery.record_missed(
                 decision.missed, decision.truncated, "a later tick was due"

@@ -75,7 +75,7 @@ class Recorder:
         """A claimed tick that did not run (skipped, missed, ...)."""
         record = RunRecord(
             state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
-            None, None, detail,
+            None, None, detail, claim.manual,
         )  # fmt: skip
         self.report(record, state, detail=detail)
         self.release(record, unlock, None)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
+from replicron._schedule.tz import MICROSECOND
 from replicron.backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
 from replicron.clock import Clock
 from replicron.errors import (
@@ -33,6 +34,9 @@ _UPDATABLE = (
     "tags", "overlap", "timeout", "start_at", "stop_at", "max_runs", "catch_up", "misfire_grace",
 )  # fmt: skip
 
+#: Microseconds a manual run's instant moves at most to step off the job's ticks.
+_MANUAL_STEPS = 1000
+
 
 @dataclass(slots=True)
 class JobState:
@@ -44,6 +48,7 @@ class JobState:
     last_record: PackedRecord | None = None  # packed: one per job, kept for long
     last_error: BaseException | None = None
     last_detail: str | None = None
+    last_manual: datetime | None = None  # the instant of the latest manual run asked for
 
 
 def event_of(
@@ -51,7 +56,7 @@ def event_of(
 ) -> RunEvent:
     return RunEvent(
         record.job, record.scheduled_at, record.replica_id, record.run_id, record.outcome,
-        record.started_at, record.finished_at, error, detail,
+        record.started_at, record.finished_at, error, detail, record.manual,
     )  # fmt: skip
 
 
@@ -78,7 +83,8 @@ class JobRegistry:
         self._lock = threading.RLock()
         self._jobs: dict[str, JobState] = {}
         self._planner = Planner()
-        self._immediate: list[Tick] = []  # run_now and catch-up backlogs: due at once
+        self._immediate: list[Tick] = []  # catch-up backlogs: due at once
+        self._manual: list[Tick] = []  # manual runs (run_now) asked for
         self._catch_up_needed: list[str] = []  # jobs whose ticks missed while down to look up
         #: The state of a job, or None; lock-free (a dict lookup is atomic), for the hot path.
         self.get: Callable[[str], JobState | None] = self._jobs.get
@@ -170,9 +176,46 @@ class JobRegistry:
     def run_now(self, name: str) -> None:
         self._life.check_usable()
         with self._lock:
-            self._state_of(name)
-            self._immediate.append(Tick(name, self.clock.now()))
+            state = self._state_of(name)
+            self._manual.append(Tick(name, self._manual_instant(state, self.clock.now())))
         self._wake()
+
+    def _manual_instant(self, state: JobState, at: datetime) -> datetime:
+        """The instant a manual run of ``state``'s job is recorded at: ``at``, or the first
+        microsecond after it that is neither a tick of the job's trigger nor an earlier
+        manual run's instant. Manual runs share the ledger's unique ``(job, instant)`` with
+        the ticks, so a run asked for at a tick's very instant must not take the tick."""
+        last = state.last_manual
+        if last is not None and at <= last:
+            at = last + MICROSECOND
+        next_after = state.spec.trigger.next_after
+        for _ in range(_MANUAL_STEPS):  # (a trigger ticking every microsecond has no gap)
+            if next_after(at - MICROSECOND) != at:
+                break
+            at += MICROSECOND
+        state.last_manual = at
+        return at
+
+    def manual_taken(self, tick: Tick) -> None:
+        """Another replica recorded something at a manual run's instant (its own manual run
+        asked for at the same microsecond): the run is asked for again just after it."""
+        with self._lock:
+            state = self._jobs.get(tick.job)
+            if state is not None:
+                self._manual.append(Tick(tick.job, self._manual_instant(state, tick.scheduled_at)))
+        self._wake()
+
+    def manual_again(self, ticks: list[Tick]) -> None:
+        """Manual runs whose claim failed with the backend: asked for again at the same
+        instants (a claim committed unheard is then recognised as this replica's)."""
+        with self._lock:
+            self._manual[:0] = ticks
+
+    def drop_manual(self) -> list[Tick]:
+        """At shutdown: the manual runs asked for and not yet claimed."""
+        with self._lock:
+            dropped, self._manual = self._manual, []
+        return dropped
 
     # ---- for the engine's loop ---------------------------------------------------------
 
@@ -183,13 +226,15 @@ class JobRegistry:
                 self._plan(state)
             self._catch_up_needed.extend(self._jobs)
 
-    def take_due(self, now: datetime) -> tuple[Decision, list[Tick], list[str]]:
-        """The planner's decision at ``now``, the ticks due at once, the jobs to catch up."""
+    def take_due(self, now: datetime) -> tuple[Decision, list[Tick], list[str], list[Tick]]:
+        """The planner's decision at ``now``, the ticks due at once, the jobs to catch up,
+        the manual runs asked for."""
         with self._lock:
             decision = self._planner.decide(now)
             immediate, self._immediate = self._immediate, []
             catch_up, self._catch_up_needed = self._catch_up_needed, []
-        return decision, immediate, catch_up
+            manual, self._manual = self._manual, []
+        return decision, immediate, catch_up, manual
 
     def catch_up_later(self, names: list[str]) -> None:
         with self._lock:

@@ -50,6 +50,7 @@ class Run(RunContext):
         # run id, lock, start and deadline are set when the run starts (see ``start``).
         self.job_name = job
         self.scheduled_at = scheduled_at
+        self.manual = False
         self.run_id: int | None = None
         self.replica_id = replica_id
         self.deadline: datetime | None = None
@@ -71,7 +72,7 @@ class Run(RunContext):
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
         return RunEvent(
             self.job_name, self.scheduled_at, self.replica_id, self.run_id, outcome,
-            self.started_at, None, error,
+            self.started_at, None, error, None, self.manual,
         )  # fmt: skip
 
     def cut_off(self, why: str, *, abandoned: bool) -> None:
@@ -160,14 +161,16 @@ class RunExecutor:
     def start(self, state: JobState, claim: Claim, now: datetime | None = None) -> None:
         # Once per run of a burst, before the burst's last run can begin: kept lean.
         spec = state.spec
-        max_runs = spec.max_runs
+        # A manual run (run_now) is not a tick: neither max_runs nor misfire_grace apply.
+        manual = claim.manual
+        max_runs = None if manual else spec.max_runs
         if max_runs is not None and state.runs_started >= max_runs:
             self._recorder.record(state, claim, Outcome.MISSED, "max_runs reached", claim.locked)
             return
         # One clock read per batch; the run's real start is taken again where it begins.
         started = self.clock.now() if now is None else now
         grace = spec.misfire_grace
-        if grace is not None and started - claim.scheduled_at > grace:
+        if grace is not None and not manual and started - claim.scheduled_at > grace:
             late = started - claim.scheduled_at
             why = f"it would have started {late} after its tick, past misfire_grace {grace}"
             self._recorder.record(state, claim, Outcome.MISSED, why, claim.locked)
@@ -180,13 +183,14 @@ class RunExecutor:
             del self._prepared[job]
         else:
             run = Run(state, job, scheduled_at, self.replica_id)
-        run.run_id, run.locked, run.started_at, run.deadline = (
-            claim.run_id, claim.locked, started, deadline,
+        run.run_id, run.locked, run.started_at, run.deadline, run.manual = (
+            claim.run_id, claim.locked, started, deadline, manual,
         )  # fmt: skip
         state.running += 1
-        state.runs_started += 1
-        if max_runs is not None and state.runs_started >= max_runs:
-            self._registry.retire(spec.name)
+        if not manual:
+            state.runs_started += 1
+            if max_runs is not None and state.runs_started >= max_runs:
+                self._registry.retire(spec.name)
         active = self.active
         if not active:
             assert self._idle is not None
@@ -417,7 +421,7 @@ class RunExecutor:
         text = run.why if error is None else f"{type(error).__name__}: {error}"
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
-            run.started_at, finished, text,
+            run.started_at, finished, text, run.manual,
         )  # fmt: skip
         recorder = self._recorder
         recorder.report(record, state, error=error, detail=run.why, announced=run.timed_out)

@@ -1,10 +1,11 @@
 """The embedded backend's SQLite ledger: one file, shared by the processes of one host.
 
-One row per claimed tick in ``replicron_runs``; the unique ``(job, scheduled_at)`` makes each
-tick run once, ``run_id`` (``AUTOINCREMENT``: never reused) is the fencing token. Times are
-integer microseconds since the Unix epoch, UTC. The connection runs in autocommit mode; every
-write is one short ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock for at
-most ``busy_timeout`` and readers are never blocked (WAL).
+One row per claimed tick (or manual run) in ``replicron_runs``; the unique
+``(job, scheduled_at)`` makes each tick run once, ``run_id`` (``AUTOINCREMENT``: never reused)
+is the fencing token. Times are integer microseconds since the Unix epoch, UTC. The
+connection runs in autocommit mode; every write is one short ``BEGIN IMMEDIATE`` transaction,
+so writers queue on SQLite's lock for at most ``busy_timeout`` and readers are never blocked
+(WAL).
 
 Each row records the claimant's pid and, on Linux, the pid's start time, so that the open row
 of a process that died (SIGKILL, OOM) can be told from a run still going, also after the pid
@@ -207,16 +208,34 @@ class Ledger:
 
     @staticmethod
     def insert_tick(
-        conn: sqlite3.Connection, job: str, tick: int, replica: str, pid: int, start: int | None
+        conn: sqlite3.Connection,
+        job: str,
+        tick: int,
+        manual: bool,
+        replica: str,
+        pid: int,
+        start: int | None,
     ) -> int | None:
         """Insert the tick's row unless anybody has it; its run id if this call did."""
         cursor = conn.execute(
-            "INSERT INTO replicron_runs (job, scheduled_at, replica_id, pid, pid_start,"
-            " claimed_at) VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO replicron_runs (job, scheduled_at, manual, replica_id, pid, pid_start,"
+            " claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (job, scheduled_at) DO NOTHING",
-            (job, tick, replica, pid, start, now_us()),
+            (job, tick, manual, replica, pid, start, now_us()),
         )
         return cursor.lastrowid if cursor.rowcount == 1 else None
+
+    @staticmethod
+    def runs_reached(conn: sqlite3.Connection, job: str, limit: int) -> bool:
+        """Whether ``job`` has ``limit`` scheduled runs: claimed ticks not recorded as not
+        run (missed, skipped), manual runs left out."""
+        [(count,)] = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM replicron_runs WHERE job = ? AND manual = 0"
+            " AND (outcome IS NULL OR outcome IN ('succeeded', 'failed', 'timed_out',"
+            " 'abandoned')) LIMIT ?)",
+            (job, limit),
+        ).fetchall()
+        return bool(count >= limit)
 
     @staticmethod
     def running_elsewhere(conn: sqlite3.Connection, job: str, run_id: int) -> bool:
@@ -299,7 +318,8 @@ class Ledger:
             try:
                 for job in jobs:
                     [(tick,)] = conn.execute(
-                        "SELECT max(scheduled_at) FROM replicron_runs WHERE job = ?", (job,)
+                        "SELECT max(scheduled_at) FROM replicron_runs WHERE job = ? AND manual = 0",
+                        (job,),
                     ).fetchall()
                     if tick is not None:
                         found[job] = tick
@@ -322,7 +342,8 @@ class Ledger:
 
     def prune(self, retention: timedelta, batch: int = 1000) -> int:
         """Delete finished rows claimed longer than ``retention`` ago, keeping each job's
-        latest tick (catch-up reads it after long pauses); at most ``batch`` rows a call."""
+        latest scheduled tick (catch-up reads it after long pauses); at most ``batch`` rows a
+        call."""
         cutoff = now_us() - retention // MICROSECOND
         with self.write() as conn:
             cursor = conn.execute(
@@ -330,7 +351,8 @@ class Ledger:
                 " SELECT run_id FROM replicron_runs old"
                 " WHERE old.claimed_at < ? AND old.outcome IS NOT NULL"
                 "   AND old.scheduled_at < (SELECT max(latest.scheduled_at)"
-                "                           FROM replicron_runs latest WHERE latest.job = old.job)"
+                "                           FROM replicron_runs latest"
+                "                           WHERE latest.job = old.job AND latest.manual = 0)"
                 " LIMIT ?)",
                 (cutoff, batch),
             )

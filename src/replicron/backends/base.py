@@ -48,6 +48,9 @@ class ClaimStatus(enum.Enum):
     #: The tick is not yet due by the coordinator's clock (this replica's clock runs ahead of
     #: it): nothing was recorded; ask again when it is due.
     EARLY = "early"
+    #: The job has started ``max_runs`` scheduled runs across every replica sharing the
+    #: backend: its limited runs are over, it has no more ticks. Nothing was recorded.
+    EXHAUSTED = "exhausted"
 
 
 # Named tuples, not dataclasses: the engine makes several of these per run, and a frozen
@@ -57,6 +60,13 @@ class ClaimRequest(NamedTuple):
     scheduled_at: datetime
     #: Take the job's run lock as well (overlap policy ``skip``/``queue``).
     lock: bool
+    #: A manual run (``run_now``), not a tick of the job's trigger: recorded as manual, never
+    #: refused as not yet due, not counted against ``max_runs``. The engine picks its instant
+    #: off the job's ticks, so it never takes one.
+    manual: bool = False
+    #: The job's ``max_runs``: the claim is answered ``EXHAUSTED`` (and nothing recorded) once
+    #: the job has started that many scheduled runs across every replica.
+    max_runs: int | None = None
 
 
 class Claim(NamedTuple):
@@ -67,6 +77,8 @@ class Claim(NamedTuple):
     #: ``status`` is ``CLAIMED``).
     run_id: int | None
     locked: bool
+    #: The request's ``manual``.
+    manual: bool = False
 
 
 class RunRecord(NamedTuple):
@@ -78,6 +90,8 @@ class RunRecord(NamedTuple):
     started_at: datetime | None
     finished_at: datetime | None
     error: str | None
+    #: A manual run (``run_now``) rather than a tick of the job's trigger.
+    manual: bool = False
 
 
 class _OfATick(Protocol):
@@ -127,7 +141,7 @@ def answer_each(
 
 def taken_repeat(request: ClaimRequest) -> Claim:
     """The answer to a claim request repeating a tick earlier in its batch."""
-    return Claim(request.job, request.scheduled_at, ClaimStatus.TAKEN, None, False)
+    return Claim(request.job, request.scheduled_at, ClaimStatus.TAKEN, None, False, request.manual)
 
 
 def unrecorded_repeat(record: RunRecord) -> bool | None:
@@ -140,19 +154,19 @@ def unrecorded_repeat(record: RunRecord) -> bool | None:
 #: tuple, or one holding an enum member), so the records kept for a while (each job's last
 #: outcome, the memory backend's history) add nothing to its full passes.
 PackedRecord = tuple[
-    str, datetime, str, str, int | None, datetime | None, datetime | None, str | None
+    str, datetime, str, str, int | None, datetime | None, datetime | None, str | None, bool
 ]
 
 
 def pack_record(record: RunRecord) -> PackedRecord:
-    job, scheduled_at, outcome, replica_id, run_id, started_at, finished_at, error = record
-    return (job, scheduled_at, outcome.value, replica_id, run_id, started_at, finished_at, error)
+    job, scheduled_at, outcome, replica_id, run_id, started, finished, error, manual = record
+    return (job, scheduled_at, outcome.value, replica_id, run_id, started, finished, error, manual)
 
 
 def unpack_record(packed: PackedRecord) -> RunRecord:
-    job, scheduled_at, outcome, replica_id, run_id, started_at, finished_at, error = packed
+    job, scheduled_at, outcome, replica_id, run_id, started, finished, error, manual = packed
     return RunRecord(
-        job, scheduled_at, Outcome(outcome), replica_id, run_id, started_at, finished_at, error
+        job, scheduled_at, Outcome(outcome), replica_id, run_id, started, finished, error, manual
     )
 
 

@@ -268,14 +268,21 @@ class EmbeddedBackend:
         # (job, tick) -> (run id, locked); run id None: LOCKED; locked None: no lock asked.
         won: dict[tuple[str, int], tuple[int | None, bool | None]] = {}
         taken: list[int] = []  # lock keys this call took
+        exhausted: set[str] = set()  # jobs whose max_runs are used up
         try:
             with ledger.write() as conn:
                 inserted = []
                 for request in unique:
-                    job, tick = request.job, to_micros(request.scheduled_at)
+                    job, tick, limit = request.job, to_micros(request.scheduled_at), None
+                    if request.max_runs is not None and not request.manual:
+                        limit = request.max_runs
+                    if limit is not None and Ledger.runs_reached(conn, job, limit):
+                        exhausted.add(job)
+                        continue
                     run_id = Ledger.insert_tick(
-                        conn, job, tick, self.replica_id, self._pid, self._pid_start
-                    )
+                        conn, job, tick, request.manual, self.replica_id, self._pid,
+                        self._pid_start,
+                    )  # fmt: skip
                     if run_id is not None:
                         inserted.append((job, tick, request.lock, run_id))
                 tried: set[str] = set()
@@ -301,15 +308,16 @@ class EmbeddedBackend:
             raise
         self._open.update(won)
         answers = []
-        for request in unique:
-            job, at = request.job, request.scheduled_at
+        for job, at, _, manual, limit in unique:
             run_id, locked = won.get((job, to_micros(at)), (None, None))
             if run_id is not None:
-                answers.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked)))
+                answers.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked), manual))
+            elif limit is not None and not manual and job in exhausted:
+                answers.append(Claim(job, at, ClaimStatus.EXHAUSTED, None, False))
             elif locked is None:
-                answers.append(Claim(job, at, ClaimStatus.TAKEN, None, False))
+                answers.append(Claim(job, at, ClaimStatus.TAKEN, None, False, manual))
             else:
-                answers.append(Claim(job, at, ClaimStatus.LOCKED, None, False))
+                answers.append(Claim(job, at, ClaimStatus.LOCKED, None, False, manual))
         return answer_each(requests, answers, where, taken_repeat)
 
     def _lock(self, claim: Claim) -> bool:
@@ -371,7 +379,7 @@ class EmbeddedBackend:
     def _give_back_claims(self, claims: list[Claim]) -> None:
         """The ticks a claim won for a caller that was cancelled: recorded missed (not run),
         and then their locks dropped."""
-        won = [c for c in claims if c.status is not ClaimStatus.TAKEN]
+        won = [c for c in claims if c.status in (ClaimStatus.CLAIMED, ClaimStatus.LOCKED)]
         for claim in won:
             logger.warning(
                 "job %r tick %s: its claim's caller was cancelled; recorded missed",
@@ -389,7 +397,7 @@ class EmbeddedBackend:
         error = "claimed, but its caller was cancelled before it heard; not run"
         return RunRecord(
             claim.job, claim.scheduled_at, Outcome.MISSED, self.replica_id, claim.run_id,
-            None, None, error,
+            None, None, error, claim.manual,
         )  # fmt: skip
 
     def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:

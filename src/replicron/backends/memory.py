@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from replicron.events import Outcome
+
 from .base import (
     Claim,
     ClaimRequest,
@@ -39,6 +41,9 @@ TICKS_KEPT = 1024
 #: does not track them).
 HISTORY_KEPT = 16
 _CLAIMED, _TAKEN, _LOCKED = ClaimStatus.CLAIMED, ClaimStatus.TAKEN, ClaimStatus.LOCKED
+_EXHAUSTED = ClaimStatus.EXHAUSTED
+#: Outcomes of a claimed tick that did not run: it does not count against ``max_runs``.
+_NOT_RUN = frozenset({Outcome.MISSED, Outcome.SKIPPED_OVERLAP, Outcome.SKIPPED_LIMIT})
 #: Named tuples built from a tuple of their fields without a Python-level call.
 _new = tuple.__new__
 
@@ -54,7 +59,9 @@ class _JobState:
     lock_replica: str | None = None
     lock_run_id: int | None = None
     last_run_id: int = 0
-    last_tick: datetime | None = None
+    last_tick: datetime | None = None  # of the trigger's ticks (not manual runs)
+    # Scheduled runs claimed, less those recorded as not run: counted against max_runs.
+    runs: int = 0
     history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
 
 
@@ -120,27 +127,34 @@ class MemoryBackend:
         last_tick: datetime | None = None
         key = 0.0
         with state.lock:
-            for name, tick, lock in requests:
+            for name, tick, lock, manual, max_runs in requests:
                 job = jobs.get(name) or new_job(name)
+                if max_runs is not None and not manual and job.runs >= max_runs:
+                    add(_new(Claim, (name, tick, _EXHAUSTED, None, False, False)))
+                    continue
                 if tick is not last_tick:
                     last_tick, key = tick, tick.timestamp()
                 claimed = job.claimed
-                if claimed and key > claimed[-1] and len(claimed) < TICKS_KEPT:
+                if claimed and key > claimed[-1] and len(claimed) < TICKS_KEPT and not manual:
                     claimed.append(key)  # the newest tick of the job: _take_tick's usual case
                     job.last_tick = tick
-                elif not take(job, tick, key):
-                    add(_new(Claim, (name, tick, _TAKEN, None, False)))
+                elif not take(job, tick, key, manual):
+                    add(_new(Claim, (name, tick, _TAKEN, None, False, manual)))
                     continue
                 if lock and job.lock_replica is not None:
-                    add(_new(Claim, (name, tick, _LOCKED, None, False)))
+                    add(_new(Claim, (name, tick, _LOCKED, None, False, manual)))
                 else:
                     job.last_run_id = run_id = job.last_run_id + 1
                     if lock:
                         job.lock_replica, job.lock_run_id = replica, run_id
-                    add(_new(Claim, (name, tick, _CLAIMED, run_id, lock)))
+                    if not manual:
+                        job.runs += 1
+                    add(_new(Claim, (name, tick, _CLAIMED, run_id, lock, manual)))
         return claims
 
-    def _take_tick(self, job: _JobState, tick: datetime, key: float | None = None) -> bool:
+    def _take_tick(
+        self, job: _JobState, tick: datetime, key: float | None = None, manual: bool = False
+    ) -> bool:
         """Insert the tick unless anybody has it: the unique ``(job, tick)`` record."""
         claimed, dropped = job.claimed, job.dropped_up_to
         if key is None:
@@ -159,7 +173,7 @@ class MemoryBackend:
             job.dropped_up_to = claimed[drop - 1]
             del claimed[:drop]
         last = job.last_tick
-        if last is None or tick > last:
+        if not manual and (last is None or tick > last):
             job.last_tick = tick
         return True
 
@@ -178,6 +192,8 @@ class MemoryBackend:
             for record, unlock in releases:
                 job = self.state.job(record.job)
                 job.history.append(pack_record(record))
+                if record.outcome in _NOT_RUN and record.run_id is not None and not record.manual:
+                    job.runs -= 1
                 if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
                     job.lock_replica = job.lock_run_id = None
 

@@ -62,6 +62,7 @@ _STATUS = {
     "taken": ClaimStatus.TAKEN,
     "locked": ClaimStatus.LOCKED,
     "early": ClaimStatus.EARLY,
+    "exhausted": ClaimStatus.EXHAUSTED,
 }
 
 
@@ -196,6 +197,8 @@ class PostgresBackend:
             ticks=[r.scheduled_at for r in unique],
             keys=[self.lock_key(r.job) for r in unique],
             locks=[r.lock for r in unique],
+            manual=[r.manual for r in unique],
+            limits=[r.max_runs for r in unique],
             replica=self.replica_id,
             tokens=self._tokens.for_ticks(ticks),
             ahead=CLAIM_AHEAD,
@@ -218,7 +221,7 @@ class PostgresBackend:
             if status == "locked":  # its row is recorded skipped_overlap at once, by tick
                 if stale and holder is not None:
                     await self._blocked_by_frozen(job, blocker, holder)
-                answers.append(Claim(job, tick, ClaimStatus.LOCKED, None, False))
+                answers.append(Claim(job, tick, ClaimStatus.LOCKED, None, False, request.manual))
                 continue
             if run_id is not None:
                 self._open.add(run_id)
@@ -227,7 +230,7 @@ class PostgresBackend:
                 assert self._lease is not None
                 self._lease.start(run_id, sent)
             locked = status == "locked_claimed"
-            answers.append(Claim(job, tick, _STATUS[status], run_id, locked))
+            answers.append(Claim(job, tick, _STATUS[status], run_id, locked, request.manual))
         return answer_each(requests, answers, where, taken_repeat)
 
     async def lock(self, claim: Claim) -> bool:

@@ -9,7 +9,9 @@
 -- started run of the job is still heartbeating (a run whose replica lost its lock may still be
 -- going). Nothing is inserted or locked on a server session other than the lock session's (a
 -- transaction pooler moved the statement), and no tick is claimed before it is due by the
--- database's clock (within the claim-ahead margin). CASE fixes the evaluation order, so a lock is
+-- database's clock (within the claim-ahead margin; a manual run is due when asked for), and
+-- none of a job that has started its max_runs scheduled runs (manual runs are not counted;
+-- nothing is recorded: the job has no more ticks). CASE fixes the evaluation order, so a lock is
 -- never taken and then forgotten. A tick asking for the lock is inserted as started: if it is
 -- refused, it counts as running until it is recorded skipped_overlap, which the claimant does at
 -- once. For a refused lock, the freshest other open run of the job is returned: its replica,
@@ -17,8 +19,21 @@
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[],
-                %(tokens)s::uuid[])
-        WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, token, n)
+                %(tokens)s::uuid[], %(manual)s::bool[], %(limits)s::int[])
+        WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, token, manual, max_runs, n)
+), exhausted AS MATERIALIZED (
+    -- At most max_runs rows read per limited job (an index range of the job).
+    SELECT DISTINCT request.job
+    FROM request
+    WHERE request.max_runs IS NOT NULL AND NOT request.manual AND (
+        SELECT count(*) FROM (
+            SELECT 1 FROM replicron_runs run
+            WHERE run.namespace = %(namespace)s AND run.job = request.job AND NOT run.manual
+              AND (run.outcome IS NULL
+                   OR run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned'))
+            LIMIT request.max_runs
+        ) AS counted
+    ) >= request.max_runs
 ), session AS MATERIALIZED (
     SELECT (pg_backend_pid() = %(pid)s
             AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -26,11 +41,14 @@ WITH request AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at, claim_token,
-         lock_key, backend_pid)
+         lock_key, backend_pid, manual)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(),
-           CASE WHEN want_lock THEN now() END, token, lock_key, pg_backend_pid()
+           CASE WHEN want_lock THEN now() END, token, lock_key, pg_backend_pid(), manual
     FROM request, session
-    WHERE session.ours AND request.scheduled_at <= session.claimable_until
+    WHERE session.ours
+      AND (request.manual OR request.scheduled_at <= session.claimable_until)
+      AND (request.max_runs IS NULL OR request.manual
+           OR request.job NOT IN (SELECT job FROM exhausted))
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at
 ), earlier AS (
@@ -59,8 +77,10 @@ WITH request AS MATERIALIZED (
     SELECT request.n, request.job, request.scheduled_at, request.lock_key, won.run_id,
            CASE
                WHEN NOT session.ours THEN 'moved'
-               WHEN won.run_id IS NULL AND request.scheduled_at > session.claimable_until
-                   THEN 'early'
+               WHEN won.run_id IS NULL AND NOT request.manual
+                    AND request.scheduled_at > session.claimable_until THEN 'early'
+               WHEN won.run_id IS NULL AND request.max_runs IS NOT NULL AND NOT request.manual
+                    AND request.job IN (SELECT job FROM exhausted) THEN 'exhausted'
                WHEN won.run_id IS NULL THEN 'taken'
                WHEN NOT won.want_lock THEN 'claimed'
                WHEN won.nth > 1 THEN 'locked'
@@ -258,9 +278,10 @@ SELECT (pg_backend_pid() = %(pid)s
 SELECT pg_backend_pid(), clock_timestamp();
 
 -- name: last_ticks
+-- The latest tick of each job (manual runs are not ticks of its trigger).
 SELECT job, max(scheduled_at)
 FROM replicron_runs
-WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[])
+WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[]) AND NOT manual
 GROUP BY job;
 
 -- name: abandon_stale
@@ -304,14 +325,15 @@ WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NUL
 
 -- name: prune
 -- Retention: delete finished rows older than the retention period, in bounded batches, always
--- keeping each job's latest row (catch-up reads it after long pauses).
+-- keeping each job's latest scheduled row (catch-up reads it after long pauses).
 DELETE FROM replicron_runs
 WHERE run_id IN (
     SELECT run_id FROM replicron_runs old
     WHERE old.namespace = %(namespace)s AND old.outcome IS NOT NULL
       AND old.claimed_at < now() - %(retention)s::interval
-      AND old.run_id <> (SELECT max(latest.run_id) FROM replicron_runs latest
-                         WHERE latest.namespace = old.namespace AND latest.job = old.job)
+      AND old.run_id IS DISTINCT FROM (
+          SELECT max(latest.run_id) FROM replicron_runs latest
+          WHERE latest.namespace = old.namespace AND latest.job = old.job AND NOT latest.manual)
     LIMIT %(batch)s
 );
 

@@ -17,7 +17,7 @@ CREATE TABLE replicron_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The run ledger: one row per claimed tick. The unique (namespace, job, scheduled_at) is what
+-- The run ledger: one row per claimed tick (or manual run). The unique (namespace, job, scheduled_at) is what
 -- makes each tick run on exactly one replica; run_id is the fencing token.
 CREATE TABLE replicron_runs (
     run_id        bigserial   PRIMARY KEY,
@@ -48,6 +48,9 @@ CREATE TABLE replicron_runs (
     -- holder can be shown (and, opt-in, fenced).
     lock_key      bigint,
     backend_pid   integer,
+    -- A manual run (Job.run_now), at the instant it was asked for (the engine picks it off
+    -- the job's ticks); catch-up and max_runs leave it out.
+    manual        boolean     NOT NULL DEFAULT false,
     CONSTRAINT replicron_runs_tick_key UNIQUE (namespace, job, scheduled_at)
 );
 
@@ -70,6 +73,7 @@ CREATE TABLE replicron_replicas (
 
 INSERT INTO replicron_migrations (version, name) VALUES
     (1, 'initial'),
-    (2, 'claim_tokens_and_replicas');
+    (2, 'claim_tokens_and_replicas'),
+    (3, 'manual_runs');
 
 COMMIT;

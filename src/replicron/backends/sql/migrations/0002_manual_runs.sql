@@ -1,0 +1,3 @@
+-- Manual runs (Job.run_now): recorded at the instant they were asked for, which the engine
+-- picks off the job's ticks. Catch-up (the latest tick) and max_runs leave them out.
+ALTER TABLE replicron_runs ADD COLUMN manual INTEGER NOT NULL DEFAULT 0;
