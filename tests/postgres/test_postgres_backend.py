@@ -161,6 +161,31 @@ def test_concurrent_migrations_apply_each_migration_once(dsn: str) -> None:
     assert advisory_locks(dsn) == []
 
 
+def test_a_database_of_an_earlier_version_is_upgraded_keeping_its_rows(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE replicron_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for m in migrations()[:2]:
+            conn.execute(m.sql.encode())
+            conn.execute("INSERT INTO replicron_migrations VALUES (%s, %s)", (m.version, m.name))
+        conn.execute(
+            "INSERT INTO replicron_runs (namespace, job, scheduled_at, replica_id, outcome)"
+            " VALUES ('', 'report', %s, 'old', 'succeeded')",
+            (tick(3),),
+        )
+    assert asyncio.run(migrate(dsn)) == ALL_MIGRATIONS[2:]
+
+    async def main() -> None:
+        async with opened(dsn, "replica-a") as backend:
+            assert await backend.last_ticks(["report"]) == {"report": tick(3)}
+            assert (await claim(backend, "report", 3, lock=False)).status is TAKEN
+
+    asyncio.run(main())
+    assert sql(dsn, "SELECT job, manual FROM replicron_runs") == [("report", False)]
+
+
 def test_replicas_opening_together_on_an_empty_database(dsn: str) -> None:
     async def main() -> list[ClaimStatus]:
         backends = [PostgresBackend(dsn, heartbeat_interval=3600) for _ in range(3)]

@@ -24,7 +24,7 @@ from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
 from replicron._schedule.tz import to_micros as to_us
-from replicron.backends._ledger import now_us, process_alive, process_start
+from replicron.backends._ledger import migrations, now_us, process_alive, process_start
 from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.events import Outcome
@@ -171,6 +171,37 @@ def test_a_ledger_written_by_a_newer_replicron_is_refused(tmp_path: Path) -> Non
     assert error.problem == (
         "schema version 99 was written by a newer replicron (this one knows up to 2)"
     )
+
+
+def test_a_ledger_of_an_earlier_version_is_upgraded_keeping_its_rows(tmp_path: Path) -> None:
+    [(version, name, statements)] = [m for m in migrations() if m[0] == 1]
+    with ledger(tmp_path) as conn:
+        conn.execute(
+            "CREATE TABLE replicron_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at INTEGER NOT NULL)"
+        )
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("INSERT INTO replicron_migrations VALUES (?, ?, 0)", (version, name))
+        conn.execute(
+            "INSERT INTO replicron_runs (job, scheduled_at, replica_id, claimed_at, outcome)"
+            " VALUES ('report', ?, 'old', 0, 'succeeded')",
+            (to_us(tick(3)),),
+        )
+
+    async def main() -> None:
+        backend = await opened(tmp_path)
+        try:
+            assert await backend.last_ticks(["report"]) == {"report": tick(3)}
+            [again] = await backend.claim([ClaimRequest("report", tick(3), False)])
+            assert again.status is ClaimStatus.TAKEN
+        finally:
+            await backend.close()
+
+    run(main())
+    with ledger(tmp_path) as conn:
+        assert conn.execute("SELECT job, manual FROM replicron_runs").fetchall() == [("report", 0)]
+        assert [v for (v,) in conn.execute("SELECT version FROM replicron_migrations")] == [1, 2]
 
 
 async def run_and_close(state_dir: Path) -> None:

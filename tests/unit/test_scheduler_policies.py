@@ -17,6 +17,7 @@ from replicron import (
     MemoryState,
     Outcome,
     Scheduler,
+    cron,
     current_run,
     every,
 )
@@ -382,6 +383,27 @@ def test_a_tick_whose_claim_failed_runs_once_the_backend_answers(
         s.wait_idle()
     assert recorder.outcomes() == [(T[1], Outcome.SUCCEEDED)]  # run late, not dropped
     assert len(recorder.of("on_lock_error")) == 3
+
+
+def test_a_manual_run_whose_claim_failed_is_asked_for_again_at_its_instant(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    backend = FlakyBackend()
+    backend.fail_claims = 2
+    s = make(clock=clock, listeners=[recorder], backend=backend)
+    job = s.add_job(cron("0 0 1 7 *"), lambda: None, name="yearly", misfire_grace=1)
+    asked_at = clock.now()
+    job.run_now()
+    s.wait_idle()
+    for retry in (1, 2):
+        assert recorder.outcomes() == []
+        clock.set(asked_at + timedelta(seconds=retry))
+        s.wait_idle()
+    # The same instant each try: a claim committed but unheard is then recognised as ours.
+    # Started 2 s after it was asked for, past misfire_grace, which is for ticks only.
+    [ran] = recorder.of("after_success")
+    assert (ran.scheduled_at, ran.manual) == (asked_at, True)
+    assert len(recorder.of("on_lock_error")) == 2
 
 
 class AheadOfTheBackend(MemoryBackend):

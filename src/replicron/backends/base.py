@@ -5,6 +5,8 @@ A backend answers three questions for the engine:
 * **claim**: is this tick mine? Among replicas sharing a backend exactly one claim of a tick
   succeeds (a unique ``(job, scheduled_at)`` record, never a timing race). A claim may also
   ask for the job's run lock (no overlap); the lock is held until :meth:`Backend.release`.
+  A claim may be a manual run (``run_now``, at an instant off the job's ticks), or carry the
+  job's ``max_runs``, counted over the runs of every replica.
 * **release**: the run (or non-run) ended with this outcome; record it and drop the lock.
 * **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
   no replica was up.
@@ -213,7 +215,7 @@ class Backend(Protocol):
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         """The latest tick of each job recorded by anybody (jobs never recorded are left
-        out)."""
+        out; manual runs are not ticks)."""
 
     def clock_offset(self) -> timedelta | None:
         """How far the coordinator's clock is ahead of this process's (``None``: the
