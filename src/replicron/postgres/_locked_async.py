@@ -16,9 +16,11 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
+from replicron._dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 from replicron.postgres._aio import shielded  # async-only
 from replicron.postgres._locked_result import LockedRun, ProcessHolds
+from replicron.postgres._secrets import masking_errors
 
 __all__ = ["LockedRun", "alocked_run"]
 
@@ -33,7 +35,10 @@ _holds = ProcessHolds()
 async def _dedicated(source: ConnectionSource) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """One connection for the whole call: the unlock must run on the session that locked."""
     if isinstance(source, str):
-        async with await psycopg.AsyncConnection.connect(source, autocommit=True) as conn:
+        dsn = plain_postgres_url(source)
+        with masking_errors(dsn):  # a bad or refused DSN: its password is not shown
+            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with conn:
             yield conn
     elif isinstance(source, psycopg_pool.AsyncConnectionPool):
         async with source.connection() as conn:

@@ -11,8 +11,10 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
+from replicron._dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 from replicron.postgres._locked_result import LockedRun, ProcessHolds
+from replicron.postgres._secrets import masking_errors
 
 __all__ = ["LockedRun", "locked_run"]
 
@@ -27,7 +29,10 @@ _holds = ProcessHolds()
 def _dedicated(source: ConnectionSource) -> Iterator[psycopg.Connection[Any]]:
     """One connection for the whole call: the unlock must run on the session that locked."""
     if isinstance(source, str):
-        with psycopg.Connection.connect(source, autocommit=True) as conn:
+        dsn = plain_postgres_url(source)
+        with masking_errors(dsn):  # a bad or refused DSN: its password is not shown
+            conn = psycopg.Connection.connect(dsn, autocommit=True)
+        with conn:
             yield conn
     elif isinstance(source, psycopg_pool.ConnectionPool):
         with source.connection() as conn:

@@ -28,6 +28,8 @@ from psycopg.pq import TransactionStatus
 
 from replicron.errors import ReplicronError
 
+from ._secrets import scrub
+
 __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
 
 logger = logging.getLogger(__name__)
@@ -178,6 +180,7 @@ class LockSession:
             )
         except (psycopg.Error, TimeoutError, OSError) as exc:
             self.connect_failed_at = time.monotonic()
+            scrub(exc, self.conninfo)  # libpq may quote the connection string
             raise _CannotConnect(f"{what}: {exc or type(exc).__name__}") from exc
         self.connect_failed_at = None
         return conn

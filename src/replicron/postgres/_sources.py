@@ -9,11 +9,14 @@ from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any, Protocol, runtime_checkable
 
+import psycopg
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from replicron._dsn import plain_postgres_url
 from replicron.errors import ConfigurationError
+
+from ._secrets import masked, masking_errors
 
 __all__ = ["ConnectionSource", "PsycopgPool", "SqlAlchemyEngine", "SqlAlchemyURL", "conninfo_of"]
 
@@ -74,7 +77,19 @@ def _libpq_keywords() -> frozenset[str]:
 def conninfo_of(source: object) -> str:
     """The libpq conninfo string of ``source``: a DSN (libpq URL, key=value string or
     SQLAlchemy URL string), a psycopg pool (its conninfo *and* the connection parameters
-    among its kwargs), or an SQLAlchemy engine or URL object."""
+    among its kwargs), or an SQLAlchemy engine or URL object. One that libpq cannot parse is
+    refused here, with its password masked, rather than when the backend first connects."""
+    conninfo = _conninfo_of(source)
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"not a valid PostgreSQL connection string: {masked(str(exc).strip(), conninfo)}"
+        ) from None
+    return conninfo
+
+
+def _conninfo_of(source: object) -> str:
     if isinstance(source, str):
         return plain_postgres_url(source)
     if isinstance(source, SqlAlchemyEngine) and isinstance(source.url, SqlAlchemyURL):
@@ -87,8 +102,9 @@ def conninfo_of(source: object) -> str:
         keywords = _libpq_keywords()
         kwargs: dict[str, Any] = _value(source.kwargs, "kwargs") or {}
         params = {k: v for k, v in kwargs.items() if k in keywords}
-        conninfo: str = _value(source.conninfo, "conninfo")
-        return make_conninfo(plain_postgres_url(conninfo), **params)
+        conninfo: str = plain_postgres_url(_value(source.conninfo, "conninfo"))
+        with masking_errors(conninfo):
+            return make_conninfo(conninfo, **params)
     raise ConfigurationError(
         "PostgresBackend takes a DSN, a psycopg pool, or an SQLAlchemy engine or URL, "
         f"not {type(source).__name__}"

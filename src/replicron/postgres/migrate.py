@@ -10,6 +10,7 @@ import psycopg
 
 from replicron.keys import job_lock_key
 
+from ._secrets import masking_errors
 from ._sources import ConnectionSource, conninfo_of
 from ._sql import migrations
 
@@ -35,9 +36,10 @@ LOCK_TIMEOUT = 30.0
 
 async def migrate(conninfo: ConnectionSource) -> list[str]:
     """Apply the pending migrations; returns the names of those applied now."""
-    async with await psycopg.AsyncConnection.connect(
-        conninfo_of(conninfo), autocommit=True, prepare_threshold=None
-    ) as conn:
+    dsn = conninfo_of(conninfo)
+    with masking_errors(dsn):
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+    async with conn:
         return await _migrate(conn)
 
 
