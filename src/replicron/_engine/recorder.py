@@ -105,6 +105,8 @@ class Recorder:
                 message = f"run succeeded in {record.finished_at - record.started_at}"  # type: ignore[operator]
             else:
                 message = f"{outcome.value}" + (f": {detail}" if detail else "")
+            if record.manual:
+                message = f"manual {message}"
             observer.log(
                 level, outcome.value, message, record.job, record.scheduled_at, record.run_id, error
             )
