@@ -7,6 +7,7 @@ an instant off the minutes, as the engine picks it.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -135,6 +136,22 @@ def test_max_runs_counts_the_runs_of_every_handle(backends: Backends) -> None:
         assert (await limited(c, "report", 5, 3)).status is CLAIMED
         assert (await limited(c, "sync", 5, 2)).status is CLAIMED
         assert (await manual(a, "report", asked(9), lock=False)).status is CLAIMED
+
+    backends.run(main())
+
+
+def test_concurrent_claims_of_different_ticks_of_a_limited_job_start_at_most_max_runs(
+    backends: Backends,
+) -> None:
+    async def main() -> None:
+        handles = await backends.open(4)
+        for round_ in range(10):
+            job = f"once-{round_}"
+            claims = await asyncio.gather(*(
+                limited(handle, job, n, 1, lock=False) for n, handle in enumerate(handles)
+            ))  # fmt: skip
+            statuses = sorted(c.status.value for c in claims)
+            assert statuses == ["claimed"] + ["exhausted"] * 3, job
 
     backends.run(main())
 

@@ -22,18 +22,15 @@ WITH request AS MATERIALIZED (
                 %(tokens)s::uuid[], %(manual)s::bool[], %(limits)s::int[])
         WITH ORDINALITY AS r(job, scheduled_at, lock_key, want_lock, token, manual, max_runs, n)
 ), exhausted AS MATERIALIZED (
-    -- At most max_runs rows read per limited job (an index range of the job).
-    SELECT DISTINCT request.job
-    FROM request
-    WHERE request.max_runs IS NOT NULL AND NOT request.manual AND (
-        SELECT count(*) FROM (
-            SELECT 1 FROM replicron_runs run
-            WHERE run.namespace = %(namespace)s AND run.job = request.job AND NOT run.manual
-              AND (run.outcome IS NULL
-                   OR run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned'))
-            LIMIT request.max_runs
-        ) AS counted
-    ) >= request.max_runs
+    -- Counted per limited job, one claim of the job after another (see the function).
+    SELECT limited.job
+    FROM (
+        SELECT job, min(max_runs) AS max_runs FROM request
+        WHERE max_runs IS NOT NULL AND NOT manual
+        GROUP BY job
+        ORDER BY job  -- the same order in every claim: their locks cannot deadlock
+    ) AS limited
+    WHERE replicron_runs_reached(%(namespace)s, limited.job, limited.max_runs)
 ), session AS MATERIALIZED (
     SELECT (pg_backend_pid() = %(pid)s
             AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,

@@ -59,6 +59,25 @@ CREATE INDEX replicron_runs_open_idx ON replicron_runs (namespace, job) WHERE ou
 -- Retention sweeps.
 CREATE INDEX replicron_runs_claimed_at_idx ON replicron_runs (claimed_at);
 
+-- Whether a job has started p_limit scheduled runs (claimed ticks not recorded as not run),
+-- for the claim of a job with max_runs. Claims of one job count one after another: a
+-- transaction-level advisory lock (two-key space, apart from the jobs' run locks), held until
+-- the claim commits. VOLATILE, so the count reads a snapshot taken after that lock: it sees
+-- the rows of a claim that committed while this one waited.
+CREATE FUNCTION replicron_runs_reached(p_namespace text, p_job text, p_limit integer)
+RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtext('replicron_runs_reached'),
+                                 hashtext(p_namespace || '/' || p_job));
+    SELECT count(*) >= p_limit
+    FROM (
+        SELECT 1 FROM replicron_runs run
+        WHERE run.namespace = p_namespace AND run.job = p_job AND NOT run.manual
+          AND (run.outcome IS NULL
+               OR run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned'))
+        LIMIT p_limit
+    ) AS counted;
+$$;
+
 -- One row per replica: seen by its heartbeats, with its clock's offset from the database's.
 CREATE TABLE replicron_replicas (
     namespace       text        NOT NULL,
@@ -74,6 +93,6 @@ CREATE TABLE replicron_replicas (
 INSERT INTO replicron_migrations (version, name) VALUES
     (1, 'initial'),
     (2, 'claim_tokens_and_replicas'),
-    (3, 'manual_runs');
+    (3, 'manual_and_limited_runs');
 
 COMMIT;

@@ -1,3 +1,0 @@
--- Manual runs (Job.run_now): recorded at the instant they were asked for, which the engine
--- picks off the job's ticks. Catch-up (the latest tick) and max_runs leave them out.
-ALTER TABLE replicron_runs ADD COLUMN manual boolean NOT NULL DEFAULT false;
