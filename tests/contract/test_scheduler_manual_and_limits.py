@@ -12,7 +12,7 @@ import pytest
 from replicron import Outcome, Scheduler, current_run, every
 from replicron._schedule.tz import MICROSECOND
 from tests.contract.conftest import STORES, Store
-from tests.helpers import Recorder, z
+from tests.helpers import Recorder, poll_until, z
 
 START = z(2026, 1, 1)
 T = [START + timedelta(seconds=10 * k) for k in range(10)]
@@ -138,3 +138,43 @@ def test_run_now_while_the_job_runs_on_another_replica_is_skipped_and_recorded(
     assert (skipped.outcome, skipped.manual) == (Outcome.SKIPPED_OVERLAP, True)
     [ran] = replicas.recorders[0].of("after_success")
     assert (ran.scheduled_at, ran.manual) == (START + MICROSECOND, True)
+
+
+def test_queued_manual_runs_and_a_queued_tick_all_wait_their_turn(replicas: Replicas) -> None:
+    # overlap="queue" keeps one tick waiting (a later one replaces it), but a manual run was
+    # asked for on purpose: none replaces another, nor the tick, nor is replaced by it.
+    scheduler = replicas.schedulers[0]
+    first, release = threading.Event(), threading.Event()
+
+    def task() -> None:
+        replicas.task()
+        if not first.is_set():
+            first.set()
+            release.wait(10)
+
+    job = scheduler.add_job(every(seconds=10), task, name="report", overlap="queue")
+    job.run_now()
+    assert first.wait(10)
+    state = scheduler._engine.registry.get("report")
+    assert state is not None
+    job.run_now()
+    replicas.clock.set(T[1])
+    job.run_now()
+
+    def queued() -> bool:
+        return state.pending is not None and len(state.pending_manual or ()) == 2
+
+    poll_until("two manual runs and a tick queued", queued, 10)
+    release.set()
+    scheduler.wait_idle()
+    assert replicas.scheduled_runs() == [T[1]]
+    assert [at for _, at in replicas.manual_runs()] == [
+        START + MICROSECOND,
+        START + 2 * MICROSECOND,
+        T[1] + MICROSECOND,
+    ]
+    outcomes = replicas.recorders[0].outcomes()
+    assert sorted(outcomes) == sorted(
+        (at, Outcome.SUCCEEDED)
+        for at in (START + MICROSECOND, START + 2 * MICROSECOND, T[1], T[1] + MICROSECOND)
+    )

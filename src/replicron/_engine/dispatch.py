@@ -183,6 +183,10 @@ class Dispatcher:
             record(state, claim, Outcome.SKIPPED_LIMIT, "max_concurrent_jobs reached")
         elif action == "limit_queue":
             self.waiting.append((state, claim))
+        elif claim.manual:  # overlap "queue": every manual run asked for waits its turn
+            if state.pending_manual is None:
+                state.pending_manual = deque()
+            state.pending_manual.append(claim)
         else:  # overlap "queue": keep one tick waiting; a newer one replaces it
             if state.pending is not None:
                 record(state, state.pending, Outcome.MISSED, "a later tick was queued")
@@ -191,15 +195,25 @@ class Dispatcher:
     async def after_release(self, states: Sequence[JobState | None]) -> None:
         """Outcomes were written: start what waited for those runs to end."""
         for state in states:
-            if state is not None and (state.pending or state.backlog) and not state.running:
+            if (
+                state is not None
+                and not state.running
+                and (state.pending or state.pending_manual or state.backlog)
+            ):
                 await self._start_queued(state)
         self._start_waiting_for_a_slot()
 
     async def _start_queued(self, finished: JobState) -> None:
-        """After a run of ``finished`` ended: its queued tick or its next catch-up tick."""
-        pending, record = finished.pending, self._recorder.record
-        if pending is not None:
-            finished.pending = None
+        """After a run of ``finished`` ended: a manual run waiting (the earliest asked for),
+        else its queued tick, or its next catch-up tick."""
+        record = self._recorder.record
+        while not finished.running:
+            if finished.pending_manual:
+                pending = finished.pending_manual.popleft()
+            elif finished.pending is not None:
+                pending, finished.pending = finished.pending, None
+            else:
+                break
             allow = finished.spec.overlap == "allow"
             try:
                 locked = allow or await self._backend.lock(pending)
@@ -226,6 +240,9 @@ class Dispatcher:
             record(state, claim, Outcome.MISSED, "scheduler shut down first", claim.locked)
         self.waiting.clear()
         for state in self._registry.states():
+            for claim in state.pending_manual or ():
+                record(state, claim, Outcome.MISSED, "scheduler shut down first")
+            state.pending_manual = None
             if state.pending is not None:
                 record(state, state.pending, Outcome.MISSED, "scheduler shut down first")
                 state.pending = None

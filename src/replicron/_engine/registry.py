@@ -44,6 +44,9 @@ class JobState:
     running: int = 0
     runs_started: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
+    # Overlap "queue": manual runs waiting for the current run, in the order asked for. Each
+    # was asked for on purpose: none replaces another or the queued tick.
+    pending_manual: deque[Claim] | None = None
     backlog: deque[datetime] | None = None  # catch_up="all": ticks run one after another
     last_record: PackedRecord | None = None  # packed: one per job, kept for long
     last_error: BaseException | None = None
