@@ -175,6 +175,49 @@ def test_a_claimed_tick_that_did_not_run_does_not_count(
     backends.run(main())
 
 
+def test_a_tick_refused_the_lock_and_not_yet_recorded_does_not_count(backends: Backends) -> None:
+    # Between a refused claim and its claimant recording it skipped, another replica's claim
+    # counts one run of a max_runs=2 job (the running one), not two: it is not retired early.
+    async def main() -> None:
+        a, b, c = await backends.open(3)
+        running = await limited(a, "report", 1, 2)
+        assert (running.status, running.locked) == (CLAIMED, True)
+        refused = await limited(b, "report", 2, 2)
+        assert refused.status is LOCKED  # b has not recorded it yet
+        also_refused = await limited(c, "report", 3, 2)
+        assert also_refused.status is LOCKED  # not EXHAUSTED
+        await skip(backends, b, refused)
+        await skip(backends, c, also_refused)
+        await succeed(backends, a, running)
+        second = await limited(c, "report", 4, 2)
+        assert (second.status, second.locked) == (CLAIMED, True)
+        await succeed(backends, c, second)
+        assert (await limited(b, "report", 5, 2)).status is EXHAUSTED
+
+    backends.run(main())
+
+
+def test_ticks_of_a_job_past_its_max_runs_are_not_recorded_missed(backends: Backends) -> None:
+    # Catch-up on another replica after the job ran its max_runs: those ticks are not ticks
+    # of the job any more, and a record of them as missed would be a false alarm.
+    async def main() -> None:
+        a, b = await backends.open(2)
+
+        def missed(job: str, n: int, max_runs: int | None) -> RunRecord:
+            return RunRecord(job, tick(n), Outcome.MISSED, "replica-1", None, None, None,
+                             "no replica ran it", False, max_runs)  # fmt: skip
+
+        assert await b.record_unclaimed([missed("report", 1, 2)]) == [True]  # not reached
+        await succeed(backends, a, await limited(a, "report", 2, 2))
+        await succeed(backends, a, await limited(a, "report", 3, 2))
+        assert await b.record_unclaimed(
+            [missed("report", 4, 2), missed("report", 5, 2), missed("other", 4, None)]
+        ) == [False, False, True]
+        assert sorted(backends.recorded("report")) == [tick(1), tick(2), tick(3)]
+
+    backends.run(main())
+
+
 def test_abandoned_runs_count(backends: Backends) -> None:
     async def main() -> None:
         a, b = await backends.open(2)

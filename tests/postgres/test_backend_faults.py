@@ -362,6 +362,67 @@ def test_a_lost_claim_is_recorded_when_its_tick_is_written_off_or_at_close(dsn: 
     assert "answer was lost" in rows[1][2]
 
 
+def _write_off(dsn: str, job: str, n: int) -> None:
+    """What a janitor does to the row of a lost claim once its heartbeat is stale."""
+    sql(dsn, queries()["abandon_stale"], {"namespace": "", "stale_after": timedelta(seconds=1)})
+    [(outcome,)] = sql(
+        dsn, "SELECT outcome FROM replicron_runs WHERE job = %s AND scheduled_at = %s",
+        [job, tick(n)],
+    )  # fmt: skip
+    assert outcome == "abandoned"
+
+
+def test_a_lost_claim_written_off_by_a_janitor_is_still_its_claimants(dsn: str) -> None:
+    # The claim committed, its answer was lost, and a janitor recorded the row abandoned
+    # before the claimant asked again. Nothing ran it: asked again it is the claimant's (one
+    # row, run once), not "taken"; never asked again, it is recorded missed at close; in
+    # neither case is it counted as a run of a limited job.
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            tokens = {n: uuid.uuid4() for n in (1, 2, 3)}
+            run_id = _insert_lost_claim(dsn, "cleanup", 1, tokens[1])
+            _insert_lost_claim(dsn, "cleanup", 2, tokens[2])
+            _insert_lost_claim(dsn, "cleanup", 3, tokens[3])
+            for n in (1, 2, 3):
+                a._tokens.remember([("cleanup", tick(n))], [tokens[n]])
+                _write_off(dsn, "cleanup", n)
+            [again] = await a.claim([ClaimRequest("cleanup", tick(1), True, max_runs=1)])
+            assert (again.status, again.run_id, again.locked) == (CLAIMED, run_id, True)
+            await a.release([Release(record(again, "replica-a"), True)])
+            missed = RunRecord("cleanup", tick(2), Outcome.MISSED, "replica-a", None, None,
+                               None, "the backend was unreachable")  # fmt: skip
+            assert await a.record_unclaimed([missed]) == [True]
+        # Tick 3 never came up again: recorded missed at close.
+
+    asyncio.run(main())
+    rows = sql(dsn, "SELECT scheduled_at, outcome FROM replicron_runs ORDER BY 1")
+    assert rows == [(tick(1), "succeeded"), (tick(2), "missed"), (tick(3), "missed")]
+
+
+def test_runs_pruned_by_retention_still_count_against_max_runs(dsn: str) -> None:
+    async def main() -> list[ClaimStatus]:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            for n, outcome in [(1, "succeeded"), (2, "missed"), (3, "failed"), (4, "succeeded")]:
+                sql(
+                    dsn,
+                    "INSERT INTO replicron_runs (namespace, job, scheduled_at, replica_id,"
+                    " claimed_at, outcome) VALUES ('', 'report', %s, 'r',"
+                    " now() - interval '30 days', %s)",
+                    [tick(n), outcome],
+                )
+            await a._janitor()
+            claims = await a.claim([
+                ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned + tick 4
+                ClaimRequest("sync", tick(5), False, max_runs=3),
+            ])  # fmt: skip
+            return [c.status for c in claims]
+
+    assert asyncio.run(main()) == [ClaimStatus.EXHAUSTED, CLAIMED]
+    left = sql(dsn, "SELECT job, scheduled_at FROM replicron_runs ORDER BY 1, 2")
+    assert left == [("report", tick(4)), ("sync", tick(5))]
+    assert sql(dsn, "SELECT namespace, job, runs FROM replicron_pruned_runs") == [("", "report", 2)]
+
+
 def test_a_tick_not_yet_due_by_the_database_is_not_written_off(dsn: str) -> None:
     async def main() -> None:
         async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:

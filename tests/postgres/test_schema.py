@@ -118,6 +118,8 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
         assert [name for name, *_ in expected["relations"]] == [
             "replicron_migrations",
             "replicron_migrations_pkey",
+            "replicron_pruned_runs",
+            "replicron_pruned_runs_pkey",
             "replicron_replicas",
             "replicron_replicas_pkey",
             "replicron_runs",

@@ -431,6 +431,35 @@ def test_retention_prunes_old_finished_rows_but_each_jobs_latest(tmp_path: Path)
     assert left == [("report", to_us(tick(3))), ("sync", to_us(tick(1)))]
 
 
+def test_runs_pruned_by_retention_still_count_against_max_runs(tmp_path: Path) -> None:
+    run(run_and_close(tmp_path))
+    old = now_us() - 30 * 86_400_000_000
+    with ledger(tmp_path) as conn:
+        for n, outcome in [(1, "succeeded"), (2, "missed"), (3, "failed"), (4, "succeeded")]:
+            conn.execute(
+                "INSERT INTO replicron_runs (job, scheduled_at, replica_id, claimed_at, outcome)"
+                " VALUES ('report', ?, 'r', ?, ?)",
+                (to_us(tick(n)), old, outcome),
+            )
+    run(run_and_close(tmp_path))  # the janitor prunes ticks 1 to 3 at open
+
+    async def main() -> list[ClaimStatus]:
+        backend = await opened(tmp_path)
+        claims = await backend.claim([
+            ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned runs + tick 4
+            ClaimRequest("sync", tick(5), False, max_runs=3),
+        ])  # fmt: skip
+        await backend.close()
+        return [c.status for c in claims]
+
+    assert run(main()) == [ClaimStatus.EXHAUSTED, CLAIMED]
+    with ledger(tmp_path) as conn:
+        left = conn.execute("SELECT job, scheduled_at FROM replicron_runs ORDER BY 1, 2").fetchall()
+        tally = conn.execute("SELECT job, runs FROM replicron_pruned_runs").fetchall()
+    assert left == [("report", to_us(tick(4))), ("sync", to_us(tick(5)))]
+    assert tally == [("report", 2)]
+
+
 def test_last_ticks_of_many_jobs(tmp_path: Path) -> None:
     jobs = [f"job-{n}" for n in range(1200)]  # more than one statement's parameters
 

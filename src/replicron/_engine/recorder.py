@@ -142,10 +142,14 @@ class Recorder:
     ) -> list[Tick]:
         """Record ``ticks`` missed, where no replica has them; returns those the backend
         found not yet due by its clock (ours runs ahead): they are to be claimed shortly."""
-        missed, replica = Outcome.MISSED, self.replica_id
+        missed, replica, registry = Outcome.MISSED, self.replica_id, self._registry
         records = [
-            RunRecord(t.job, t.scheduled_at, missed, replica, None, None, None, why) for t in ticks
-        ]
+            RunRecord(
+                t.job, t.scheduled_at, missed, replica, None, None, None, why, False,
+                None if (state := registry.get(t.job)) is None else state.spec.max_runs,
+            )
+            for t in ticks
+        ]  # fmt: skip
         recorded = await self._backend.record_unclaimed(records)
         early: list[Tick] = []
         for record, ours in zip(records, recorded, strict=True):

@@ -20,6 +20,7 @@ import random
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -32,6 +33,9 @@ from replicron.errors import StateDirError
 from ._sql import SqlFiles
 
 __all__ = ["Ledger", "migrations", "now_us", "process_alive", "process_start"]
+
+#: Outcomes of a tick that ran: counted against ``max_runs``.
+_RUN_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "abandoned"})
 
 
 def _statements(sql: str) -> tuple[str, ...]:
@@ -228,12 +232,13 @@ class Ledger:
     @staticmethod
     def runs_reached(conn: sqlite3.Connection, job: str, limit: int) -> bool:
         """Whether ``job`` has ``limit`` scheduled runs: claimed ticks not recorded as not
-        run (missed, skipped), manual runs left out."""
+        run (missed, skipped), pruned ones included, manual runs left out."""
         [(count,)] = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM replicron_runs WHERE job = ? AND manual = 0"
+            "SELECT count(*) + coalesce((SELECT runs FROM replicron_pruned_runs WHERE job = ?),"
+            " 0) FROM (SELECT 1 FROM replicron_runs WHERE job = ? AND manual = 0"
             " AND (outcome IS NULL OR outcome IN ('succeeded', 'failed', 'timed_out',"
             " 'abandoned')) LIMIT ?)",
-            (job, limit),
+            (job, job, limit),
         ).fetchall()
         return bool(count >= limit)
 
@@ -346,14 +351,24 @@ class Ledger:
         call."""
         cutoff = now_us() - retention // MICROSECOND
         with self.write() as conn:
-            cursor = conn.execute(
-                "DELETE FROM replicron_runs WHERE run_id IN ("
-                " SELECT run_id FROM replicron_runs old"
+            pruned = conn.execute(
+                "SELECT run_id, job, manual, outcome FROM replicron_runs old"
                 " WHERE old.claimed_at < ? AND old.outcome IS NOT NULL"
                 "   AND old.scheduled_at < (SELECT max(latest.scheduled_at)"
                 "                           FROM replicron_runs latest"
                 "                           WHERE latest.job = old.job AND latest.manual = 0)"
-                " LIMIT ?)",
+                " LIMIT ?",
                 (cutoff, batch),
+            ).fetchall()
+            conn.executemany(
+                "DELETE FROM replicron_runs WHERE run_id = ?", [(row[0],) for row in pruned]
             )
-            return cursor.rowcount
+            # The scheduled runs pruned go to their job's tally: max_runs counts them.
+            runs = Counter(job for _, job, manual, outcome in pruned
+                           if not manual and outcome in _RUN_OUTCOMES)  # fmt: skip
+            conn.executemany(
+                "INSERT INTO replicron_pruned_runs (job, runs) VALUES (?, ?)"
+                " ON CONFLICT (job) DO UPDATE SET runs = runs + excluded.runs",
+                runs.items(),
+            )
+            return len(pruned)

@@ -94,6 +94,10 @@ class RunRecord(NamedTuple):
     error: str | None
     #: A manual run (``run_now``) rather than a tick of the job's trigger.
     manual: bool = False
+    #: For ``record_unclaimed``: the job's ``max_runs``. Once the job has finished that many
+    #: scheduled runs across every replica its later ticks are not ticks of the job, and
+    #: nothing is recorded for them (answered ``False``). Not kept in a :data:`PackedRecord`.
+    max_runs: int | None = None
 
 
 class _OfATick(Protocol):
@@ -161,7 +165,7 @@ PackedRecord = tuple[
 
 
 def pack_record(record: RunRecord) -> PackedRecord:
-    job, scheduled_at, outcome, replica_id, run_id, started, finished, error, manual = record
+    job, scheduled_at, outcome, replica_id, run_id, started, finished, error, manual = record[:9]
     return (job, scheduled_at, outcome.value, replica_id, run_id, started, finished, error, manual)
 
 

@@ -74,6 +74,9 @@ _PRUNE_BATCH, _PRUNE_BATCHES = 1000, 20
 _process_held: set[str] = set()
 _process_guard = threading.Lock()
 
+#: Why a tick refused the job's lock is recorded skipped_overlap by the claim itself.
+_REFUSED = "the job's lock is held by another run"
+
 
 class EmbeddedBackend:
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
@@ -302,6 +305,10 @@ class EmbeddedBackend:
                             Ledger.mark_started(conn, run_id)
                             won[job, tick] = (run_id, True)
                     tried.add(job)
+                    if won[job, tick][1] is False:
+                        # Refused: recorded at once (its claimant records it again), so that
+                        # no claim meanwhile counts it as a run of the job (max_runs).
+                        Ledger.record(conn, job, tick, "skipped_overlap", None, None, _REFUSED)
         except BaseException:
             for key in taken:
                 self._unlock(key)
@@ -411,6 +418,10 @@ class EmbeddedBackend:
                     to_micros(record.scheduled_at),
                     record.outcome.value,
                 )
+                limit = None if record.manual else record.max_runs
+                if limit is not None and Ledger.runs_reached(conn, job, limit):
+                    answers.append(False)  # the job has run its max_runs: no more ticks
+                    continue
                 answers.append(
                     Ledger.insert_finished(
                         conn, job, tick, outcome, record.error, self.replica_id, self._pid

@@ -202,6 +202,10 @@ class MemoryBackend:
         with self.state.lock:
             for record in records:
                 job = self.state.job(record.job)
+                limit = record.max_runs
+                if limit is not None and not record.manual and job.runs >= limit:
+                    done.append(False)  # the job ran its max_runs: no more ticks
+                    continue
                 taken = self._take_tick(job, record.scheduled_at)
                 if taken:
                     job.history.append(pack_record(record))

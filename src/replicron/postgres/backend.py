@@ -338,6 +338,7 @@ class PostgresBackend:
             outcomes=[r.outcome.value for r in unique],
             errors=[r.error for r in unique],
             tokens=self._tokens.for_ticks(ticks),
+            limits=[None if r.manual else r.max_runs for r in unique],
             replica=self.replica_id,
             ahead=CLAIM_AHEAD,
         )  # fmt: skip

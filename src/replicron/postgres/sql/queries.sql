@@ -10,12 +10,14 @@
 -- going). Nothing is inserted or locked on a server session other than the lock session's (a
 -- transaction pooler moved the statement), and no tick is claimed before it is due by the
 -- database's clock (within the claim-ahead margin; a manual run is due when asked for), and
--- none of a job that has started its max_runs scheduled runs (manual runs are not counted;
--- nothing is recorded: the job has no more ticks). CASE fixes the evaluation order, so a lock is
--- never taken and then forgotten. A tick asking for the lock is inserted as started: if it is
--- refused, it counts as running until it is recorded skipped_overlap, which the claimant does at
--- once. For a refused lock, the freshest other open run of the job is returned: its replica,
--- whether its heartbeat is stale, and the server session holding the lock.
+-- none of a job that has started its max_runs scheduled runs (see replicron_runs_reached;
+-- nothing is recorded: the job has no more ticks). A try whose answer was lost may have been
+-- written off by a janitor meanwhile (abandoned, though nothing ran): its row is opened again.
+-- CASE fixes the evaluation order, so a lock is never taken and then forgotten. A tick asking
+-- for the lock is inserted as started: if it is refused, it counts as running (for the overlap
+-- check) until it is recorded skipped_overlap, which the claimant does at once. For a refused
+-- lock, the freshest other open run of the job is returned: its replica, whether its
+-- heartbeat is stale, and the server session holding the lock.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(keys)s::bigint[], %(locks)s::bool[],
@@ -30,7 +32,7 @@ WITH request AS MATERIALIZED (
         GROUP BY job
         ORDER BY job  -- the same order in every claim: their locks cannot deadlock
     ) AS limited
-    WHERE replicron_runs_reached(%(namespace)s, limited.job, limited.max_runs)
+    WHERE replicron_runs_reached(%(namespace)s, limited.job, limited.max_runs, %(tokens)s::uuid[])
 ), session AS MATERIALIZED (
     SELECT (pg_backend_pid() = %(pid)s
             AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -51,14 +53,15 @@ WITH request AS MATERIALIZED (
 ), earlier AS (
     -- Its heartbeat is stamped anew: the run starts now, and its lease with this statement.
     UPDATE replicron_runs run
-    SET heartbeat_at = now(), backend_pid = pg_backend_pid()
+    SET heartbeat_at = now(), backend_pid = pg_backend_pid(), outcome = NULL,
+        finished_at = NULL, error = NULL
     FROM (
         SELECT found.run_id
         FROM request CROSS JOIN LATERAL (
             SELECT mine.run_id FROM replicron_runs mine
             WHERE mine.namespace = %(namespace)s AND mine.job = request.job
               AND mine.scheduled_at = request.scheduled_at AND mine.claim_token = request.token
-              AND mine.outcome IS NULL
+              AND (mine.outcome IS NULL OR mine.outcome = 'abandoned')
         ) AS found
         WHERE (SELECT ours FROM session)
     ) AS again
@@ -189,18 +192,31 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 
 -- name: record_unclaimed
 -- Record ticks nobody ran (missed) unless a replica already has the tick, but none not yet due
--- by the database's clock ("early": this replica's clock runs ahead). A tick whose row this
--- replica inserted with a claim whose answer was lost (same token, no outcome) gets the
--- outcome. Returns each tick this call (or an earlier try of it) recorded, and each early one.
+-- by the database's clock ("early": this replica's clock runs ahead), nor any of a job that has
+-- started its max_runs (it has no more ticks). A tick whose row this replica inserted with a
+-- claim whose answer was lost (same token, no outcome, or abandoned by a janitor though
+-- nothing ran) gets the outcome. Returns each tick this call (or an earlier try of it)
+-- recorded, and each early one.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[], %(outcomes)s::text[],
-                %(errors)s::text[], %(tokens)s::uuid[])
-        AS r(job, scheduled_at, outcome, error, token)
+                %(errors)s::text[], %(tokens)s::uuid[], %(limits)s::int[])
+        AS r(job, scheduled_at, outcome, error, token, max_runs)
 ), session AS MATERIALIZED (
     SELECT clock_timestamp() + %(ahead)s::interval AS recordable_until
+), finished AS MATERIALIZED (
+    SELECT jobs.job
+    FROM (
+        SELECT job, min(max_runs) AS max_runs FROM request
+        WHERE max_runs IS NOT NULL
+        GROUP BY job
+        ORDER BY job  -- the same order as the claims': their locks cannot deadlock
+    ) AS jobs
+    WHERE replicron_runs_reached(%(namespace)s, jobs.job, jobs.max_runs, %(tokens)s::uuid[])
 ), due AS MATERIALIZED (
-    SELECT request.* FROM request, session WHERE scheduled_at <= session.recordable_until
+    SELECT request.* FROM request, session
+    WHERE scheduled_at <= session.recordable_until
+      AND request.job NOT IN (SELECT job FROM finished)
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
@@ -221,25 +237,27 @@ WITH request AS MATERIALIZED (
     SET outcome = mine.new_outcome, error = mine.new_error, finished_at = now(),
         heartbeat_at = NULL
     FROM mine
-    WHERE run.run_id = mine.run_id AND mine.outcome IS NULL
+    WHERE run.run_id = mine.run_id AND (mine.outcome IS NULL OR mine.outcome = 'abandoned')
     RETURNING run.job, run.scheduled_at
 )
 SELECT job, scheduled_at, 'recorded' FROM inserted
 UNION ALL
 SELECT job, scheduled_at, 'recorded' FROM closed
 UNION ALL
-SELECT job, scheduled_at, 'recorded' FROM mine WHERE outcome IS NOT NULL
+SELECT job, scheduled_at, 'recorded' FROM mine
+WHERE mine.outcome IS NOT NULL AND mine.outcome <> 'abandoned'
 UNION ALL
 SELECT job, scheduled_at, 'early' FROM request, session
 WHERE scheduled_at > session.recordable_until;
 
 -- name: close_lost_claims
 -- At shutdown: rows this replica inserted with claims whose answers were lost (it never ran
--- them) are recorded missed rather than left open.
+-- them) are recorded missed rather than left open, or left abandoned by a janitor.
 UPDATE replicron_runs
 SET outcome = 'missed', finished_at = now(), heartbeat_at = NULL,
     error = 'claimed, but the claim''s answer was lost with the connection; not run'
-WHERE namespace = %(namespace)s AND claim_token = ANY(%(tokens)s::uuid[]) AND outcome IS NULL
+WHERE namespace = %(namespace)s AND claim_token = ANY(%(tokens)s::uuid[])
+  AND (outcome IS NULL OR outcome = 'abandoned')
   AND job = ANY(%(jobs)s::text[])
 RETURNING job, scheduled_at;
 
@@ -322,17 +340,29 @@ WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NUL
 
 -- name: prune
 -- Retention: delete finished rows older than the retention period, in bounded batches, always
--- keeping each job's latest scheduled row (catch-up reads it after long pauses).
-DELETE FROM replicron_runs
-WHERE run_id IN (
-    SELECT run_id FROM replicron_runs old
-    WHERE old.namespace = %(namespace)s AND old.outcome IS NOT NULL
-      AND old.claimed_at < now() - %(retention)s::interval
-      AND old.run_id IS DISTINCT FROM (
-          SELECT max(latest.run_id) FROM replicron_runs latest
-          WHERE latest.namespace = old.namespace AND latest.job = old.job AND NOT latest.manual)
-    LIMIT %(batch)s
-);
+-- keeping each job's latest scheduled row (catch-up reads it after long pauses). The scheduled
+-- runs deleted are added to their job's tally (replicron_pruned_runs): max_runs counts them.
+WITH deleted AS (
+    DELETE FROM replicron_runs
+    WHERE run_id IN (
+        SELECT run_id FROM replicron_runs old
+        WHERE old.namespace = %(namespace)s AND old.outcome IS NOT NULL
+          AND old.claimed_at < now() - %(retention)s::interval
+          AND old.run_id IS DISTINCT FROM (
+              SELECT max(latest.run_id) FROM replicron_runs latest
+              WHERE latest.namespace = old.namespace AND latest.job = old.job
+                AND NOT latest.manual)
+        LIMIT %(batch)s
+    )
+    RETURNING job, manual, outcome
+), tallied AS (
+    INSERT INTO replicron_pruned_runs AS pruned (namespace, job, runs)
+    SELECT %(namespace)s, job, count(*) FROM deleted
+    WHERE NOT manual AND outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')
+    GROUP BY job
+    ON CONFLICT (namespace, job) DO UPDATE SET runs = pruned.runs + excluded.runs
+)
+SELECT count(*) FROM deleted;
 
 -- name: status
 -- Per job: the latest finished run, the latest success, open runs, the number of misses and
