@@ -17,6 +17,9 @@ _KEYWORD_PASSWORD = re.compile(
 )
 # SQLAlchemy names the driver in the scheme (postgresql+psycopg://); libpq knows none.
 _DRIVER_SCHEME = re.compile(r"^(?P<scheme>postgres(?:ql)?)\+[a-z0-9_]+://", re.I)
+# A PostgreSQL URL's user info up to the authority's last "@" (the host holds none): libpq
+# ends it at the first "@", and would take the rest of the password for the host.
+_USER_INFO = re.compile(r"^(?P<scheme>postgres(?:ql)?://)(?P<userinfo>[^/?\s]*@[^/?\s]*)@", re.I)
 
 
 def mask_dsn(text: str) -> str:
@@ -27,6 +30,11 @@ def mask_dsn(text: str) -> str:
 
 
 def plain_postgres_url(dsn: str) -> str:
-    """``dsn`` with a SQLAlchemy driver suffix dropped from its scheme
-    (``postgresql+psycopg://`` becomes ``postgresql://``); anything else unchanged."""
-    return _DRIVER_SCHEME.sub(r"\g<scheme>://", dsn.strip(), count=1)
+    """``dsn`` as libpq reads it: a SQLAlchemy driver suffix dropped from its scheme
+    (``postgresql+psycopg://`` becomes ``postgresql://``), and a raw ``@`` in a URL's user or
+    password percent-encoded (``u:p@ss@host`` is user ``u``, password ``p@ss``, as SQLAlchemy
+    and most URL parsers read it); anything else unchanged."""
+    url = _DRIVER_SCHEME.sub(r"\g<scheme>://", dsn.strip(), count=1)
+    return _USER_INFO.sub(
+        lambda m: m["scheme"] + m["userinfo"].replace("@", "%40") + "@", url, count=1
+    )

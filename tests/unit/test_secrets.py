@@ -28,6 +28,11 @@ REFUSED = [
     "postgresql://app:s3cr@t@127.0.0.1:1/db",
     "postgresql+psycopg://app:s3cr%40t@127.0.0.1:1/db?connect_timeout=2",
     "host=127.0.0.1 port=1 user=app password='s3cr et' connect_timeout=2",
+    # A raw "@" with the secret after it (a parser splitting at the first "@" takes it for
+    # the host), and an unquoted password with a space (libpq then quotes a word of it).
+    "postgresql://app:pw@s3cret@127.0.0.1:1/db",
+    "postgresql+psycopg://app:p@ss@s3cret@127.0.0.1:1/db?connect_timeout=2",
+    "host=127.0.0.1 port=1 user=app password=correct s3cret-staple connect_timeout=2",
 ]
 
 
@@ -74,6 +79,26 @@ def test_errors_never_show_the_password(entry: str, dsn: str) -> None:
     text = _failure(ENTRY_POINTS[entry], dsn)
     assert SECRET not in text
     assert "***" in text or "127.0.0.1" in text  # the error still says what went wrong
+
+
+@pytest.mark.parametrize(
+    ("url", "password"),
+    [
+        ("postgresql://app:pw@s3cret@h/db", "pw@s3cret"),
+        ("postgresql+psycopg://app:a@b#c@d@h:5432/db?sslmode=disable", "a@b#c@d"),
+        ("postgresql://app:p%40ss@h/db", "p@ss"),
+        ("postgresql://app@h/db", None),
+    ],
+)
+def test_a_raw_at_sign_in_a_url_password_is_part_of_the_password(
+    url: str, password: str | None
+) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    from replicron.postgres._sources import conninfo_of
+
+    params = conninfo_to_dict(conninfo_of(url))
+    assert (params["user"], params.get("password"), params["host"]) == ("app", password, "h")
 
 
 def test_a_connection_string_libpq_cannot_parse_is_refused_at_construction() -> None:

@@ -10,6 +10,7 @@ and however it appears).
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from urllib.parse import quote, unquote
 
@@ -20,6 +21,11 @@ from replicron._dsn import mask_dsn
 __all__ = ["masked", "masking_errors", "scrub"]
 
 _MASK = "***"
+#: Pieces of a password shorter than this are not masked on their own: masking every "a" of
+#: a message would hide it, and such a piece gives little away.
+_SHORTEST = 3
+# password=... in a key=value string, up to the next keyword (an unquoted value with spaces).
+_KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?P<value>.*?)(?=\s+\w+\s*=|$)", re.S)
 
 
 def _passwords(conninfo: str) -> set[str]:
@@ -32,12 +38,23 @@ def _passwords(conninfo: str) -> set[str]:
         authority = conninfo.split("://", 1)[1].rsplit("@", 1)
         if len(authority) == 2 and ":" in authority[0]:
             found.add(authority[0].split(":", 1)[1])
-    return {
+    else:  # key=value: an unquoted password with spaces, which libpq reads word by word
+        value = _KEYWORD_PASSWORD.search(conninfo)
+        if value is not None and not value["value"].startswith("'"):  # quoted: parsed above
+            found.add(value["value"].strip())
+            found.update(value["value"].split())
+    spellings = {
         spelling
         for password in found
         for spelling in (password, unquote(password), quote(password, safe=""))
         if spelling
     }
+    # A raw "@" in a password: a parser splitting at it quotes the pieces as host or user.
+    for spelling in list(spellings):
+        pieces = spelling.split("@")
+        for cut in range(1, len(pieces)):
+            spellings.update(("@".join(pieces[:cut]), "@".join(pieces[cut:])))
+    return {spelling for spelling in spellings if len(spelling) >= _SHORTEST}
 
 
 def masked(text: str, conninfo: str) -> str:
