@@ -1,5 +1,5 @@
 """Several replica processes on one state directory, real time: the embedded backend keeps
-the promises of DESIGN.md §2 and §7 across real processes.
+the promises of docs/embedded.md across real processes.
 
 Counts come from two places: the SQLite ledger (``replicron_runs``) and what each process
 printed when its task really ran (``started`` / ``finished`` lines of

@@ -1,4 +1,4 @@
-"""Several replica processes, one PostgreSQL, real time: the promises of DESIGN.md §2 and §6.
+"""Several replica processes, one PostgreSQL, real time: the promises of docs/architecture.md.
 
 Every count is read from the database: ``acceptance_runs`` (what the tasks really did, stamped
 with the database clock by the replicas) and ``replicron_runs`` (the backend's ledger). Each

@@ -4,7 +4,7 @@ cronsim (a test-only oracle) follows Debian cron closely, including Debian's spe
 of fixed-time jobs across DST transitions, so on random valid expressions, zones and start
 instants the two must produce the same fire times, compared as UTC instants.
 
-Where cronsim is known to differ from Debian cron (DESIGN.md §4), the input is excluded.
+Where cronsim is known to differ from Debian cron (docs/cron.md), the input is excluded.
 Every exclusion is listed in :func:`cronsim_deviation` with the reason; the strategies below
 avoid generating those inputs in the first place, so few examples are thrown away:
 

@@ -1,4 +1,4 @@
-"""Cron expressions in UTC: every field and value form, and every rejection (DESIGN.md §4).
+"""Cron expressions in UTC: every field and value form, and every rejection (docs/cron.md).
 
 Expected fire times never come from replicron: they are written out by hand or found by
 ``brute``, which walks candidate instants one step at a time and checks each with a plain

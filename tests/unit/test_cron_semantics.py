@@ -1,4 +1,4 @@
-"""Cron meaning in UTC (DESIGN.md §4): Debian's day rule, ``L`` and ``#``, the seconds field,
+"""Cron meaning in UTC (docs/cron.md): Debian's day rule, ``L`` and ``#``, the seconds field,
 descriptors, and ``next_after`` being strictly after.
 
 Expected fire times never come from replicron: they are written out by hand or found by

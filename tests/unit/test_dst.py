@@ -1,4 +1,4 @@
-"""DST and zone transitions, on real tz data, against DESIGN.md §4.
+"""DST and zone transitions, on real tz data, as docs/triggers.md describes them.
 
 Expected instants are written out by hand as UTC times (with the local wall time beside
 them), from the published transition dates of each zone.

@@ -250,7 +250,7 @@ def test_decide_exactly_at_a_tick_runs_it() -> None:
 
 
 def test_a_late_tick_still_runs_when_the_next_is_not_due() -> None:
-    # DESIGN §5: a tick due while the scheduler runs is executed however late it is...
+    # docs/scheduler.md: a tick due while the scheduler runs is executed however late it is...
     planner = Planner()
     planner.add("a", every(seconds=10), s(0))
     decision = planner.decide(s(20) - US)
@@ -615,7 +615,7 @@ TEN = every(seconds=10)
         ("none", None, [], [20, 30, 40]),
         ("none", timedelta(seconds=10), [], [20, 30, 40]),
         ("all", None, [20, 30, 40], []),
-        # Grace applies to "latest" only (DESIGN §5, catch_up_plan docstring).
+        # Grace applies to "latest" only (docs/scheduler.md, catch_up_plan docstring).
         ("all", timedelta(seconds=3), [20, 30, 40], []),
     ],
 )
