@@ -21,8 +21,8 @@ from replicron._dsn import mask_dsn
 __all__ = ["masked", "masking_errors", "scrub"]
 
 _MASK = "***"
-#: Pieces of a password shorter than this are not masked on their own: masking every "a" of
-#: a message would hide it, and such a piece gives little away.
+#: Pieces of a password (split at "@" or spaces) shorter than this are not masked on their
+#: own: masking every "a" of a message would hide it, and such a piece gives little away.
 _SHORTEST = 3
 # password=... in a key=value string, up to the next keyword (an unquoted value with spaces).
 _KEYWORD_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(?P<value>.*?)(?=\s+\w+\s*=|$)", re.S)
@@ -42,7 +42,7 @@ def _passwords(conninfo: str) -> set[str]:
         value = _KEYWORD_PASSWORD.search(conninfo)
         if value is not None and not value["value"].startswith("'"):  # quoted: parsed above
             found.add(value["value"].strip())
-            found.update(value["value"].split())
+            found.update(word for word in value["value"].split() if len(word) >= _SHORTEST)
     spellings = {
         spelling
         for password in found
@@ -50,11 +50,12 @@ def _passwords(conninfo: str) -> set[str]:
         if spelling
     }
     # A raw "@" in a password: a parser splitting at it quotes the pieces as host or user.
-    for spelling in list(spellings):
-        pieces = spelling.split("@")
-        for cut in range(1, len(pieces)):
-            spellings.update(("@".join(pieces[:cut]), "@".join(pieces[cut:])))
-    return {spelling for spelling in spellings if len(spelling) >= _SHORTEST}
+    pieces = set()
+    for spelling in spellings:
+        parts = spelling.split("@")
+        for cut in range(1, len(parts)):
+            pieces.update(("@".join(parts[:cut]), "@".join(parts[cut:])))
+    return spellings | {piece for piece in pieces if len(piece) >= _SHORTEST}
 
 
 def masked(text: str, conninfo: str) -> str:
