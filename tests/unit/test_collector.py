@@ -107,17 +107,31 @@ def test_kept_outcomes_add_no_tracked_objects(
     assert last.scheduled_at == START + timedelta(seconds=10 * (1 + HISTORY_KEPT))
 
 
-def test_a_sleeping_scheduler_keeps_nothing_of_the_instants_it_ran(
-    scheduler: Scheduler, clock: FakeClock
-) -> None:
-    run_ticks(scheduler, clock, 1, 2)
+def test_a_sleeping_scheduler_keeps_nothing_of_the_instants_it_ran(clock: FakeClock) -> None:
+    # Jobs of its own: only their objects are counted, not what earlier tests left behind.
+    scheduler = Scheduler(clock=clock, backend=MemoryBackend())
+    names = {f"sleeper-{i:03d}" for i in range(JOBS)}
+    for name in names:
+        scheduler.add_job(every(seconds=10), noop, name=name)
+    scheduler.start()
+    try:
+        run_ticks(scheduler, clock, 1, 2)
+        assert_nothing_left_of_the_instants_run(clock, names)
+    finally:
+        scheduler.shutdown()
+
+
+def assert_nothing_left_of_the_instants_run(clock: FakeClock, names: set[str]) -> None:
+    def job_of(o: Tick | ClaimRequest | Claim | RunContext) -> str:
+        return o.job_name if isinstance(o, RunContext) else o.job
 
     def left() -> Counter[str]:
         gc.collect()
         return Counter(
             type(o).__name__
             for o in gc.get_objects()
-            if isinstance(o, Tick | ClaimRequest | Claim | RunContext | Run)
+            if isinstance(o, Tick | ClaimRequest | Claim | RunContext)
+            and job_of(o) in names
             and o.scheduled_at <= clock.now()  # not the next instant's, made ahead
         )
 
