@@ -50,7 +50,7 @@ def _passwords(conninfo: str) -> set[str]:
         if spelling
     }
     # A raw "@" in a password: a parser splitting at it quotes the pieces as host or user.
-    pieces = set()
+    pieces: set[str] = set()
     for spelling in spellings:
         parts = spelling.split("@")
         for cut in range(1, len(parts)):
