@@ -13,6 +13,7 @@ from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
 from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
+from .capacity import Spreader
 from .observe import Observer
 from .planner import Tick, overlap_action
 from .recorder import Recorder
@@ -46,6 +47,7 @@ class Dispatcher:
         observer: Observer,
         max_concurrent_jobs: int | None,
         concurrency_mode: ConcurrencyMode,
+        spread: bool,
     ) -> None:
         self._backend, self._clock, self._registry = backend, clock, registry
         self._runs, self._recorder, self._retries, self._observer = (
@@ -56,6 +58,8 @@ class Dispatcher:
         self.waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
         self._prepared: dict[str, ClaimRequest] = {}  # job -> its request, made ahead
         self._prepared_at: datetime | None = None
+        #: Claim by capacity (the backend is shared by replicas in other processes).
+        self.spreader: Spreader | None = Spreader(observer.replica_id) if spread else None
 
     def prepare(self, ticks: list[Tick]) -> None:
         """Make, while idle, what claiming and starting the next instant's ``ticks`` will
@@ -78,6 +82,42 @@ class Dispatcher:
                 ClaimRequest, (job, tick, spec.overlap != "allow", False, spec.max_runs)
             )
             prepare_run(state, tick)
+
+    def within_capacity(self, ticks: list[Tick]) -> tuple[list[Tick], list[Tick]]:
+        """Of ``ticks`` and the ticks left for other replicas before: those to claim now
+        (all of them unless the backend is shared), and those left before that their jobs'
+        newer ticks replaced (see ``capacity``)."""
+        spreader = self.spreader
+        if spreader is None:
+            return ticks, []
+        room = self.room()
+        if not spreader and len(ticks) <= room:  # the common case: nothing to weigh
+            return ticks, []
+        return spreader.split(ticks, room, self._needs_thread)
+
+    def room(self) -> int:
+        """Runs that would take a worker thread this replica can start promptly, within
+        ``max_concurrent_jobs`` when ticks over it wait (they may as well wait elsewhere)."""
+        room = self._runs.room()
+        limit = self.max_concurrent_jobs
+        if limit is not None and self.concurrency_mode == "queue":
+            room = min(room, limit - len(self._runs.active) - len(self.waiting))
+        return room
+
+    def worth_claiming_more(self, *, after_claim: bool) -> bool:
+        """Ticks were left for others, and enough threads are free to claim some of them:
+        any, right after a claim some of whose ticks were taken by others; else half the
+        threads, so as not to send a claim for each run that ends."""
+        if not self.spreader:
+            return False
+        return self.room() >= (1 if after_claim else max(1, self._runs.workers // 2))
+
+    def _needs_thread(self, job: str) -> bool:
+        state = self._registry.get(job)
+        if state is None:
+            return False
+        spec = state.spec
+        return not spec.is_async and not (state.running and spec.overlap != "allow")
 
     async def dispatch(self, ticks: list[Tick], manual: bool = False) -> None:
         """Claim ``ticks`` and start, record or queue each; ``manual``: they are manual runs

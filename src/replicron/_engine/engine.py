@@ -100,7 +100,9 @@ class Engine:
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
             recorder=self._recorder, retries=self._retries, observer=self.observer,
             max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
+            spread=bool(getattr(backend, "spreads_bursts", False)),
         )  # fmt: skip
+        self._runs.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
         self._recovery = Recovery(
             backend=backend, registry=self.registry, recorder=self._recorder,
@@ -174,6 +176,12 @@ class Engine:
                 _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
                 "scheduler shut down first", job, asked_at,
             )  # fmt: skip
+        spreader = self._dispatcher.spreader
+        if spreader:
+            left = spreader.take_all()  # ticks left for other replicas, not yet taken
+            why = "left for a replica with a free worker thread; none took it before shutdown"
+            if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
+                self._retries.unhandle(left, self.clock.now())
         if wait and _current.get(None) is None:
             await self._runs.wait_finished(limit)
         # What was told to stop gets a moment to do so, even with wait=False: long enough for
@@ -223,8 +231,8 @@ class Engine:
                 immediate += found
         if retries.unhandled:
             immediate += await self._recovery.resync(now, {tick.job for tick in decision.due})
-        due = immediate + decision.due
-        self._stepping = due + decision.missed
+        due, replaced = self._dispatcher.within_capacity(immediate + decision.due)
+        self._stepping = due + decision.missed + replaced
         if due:
             if immediate:
                 due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
@@ -241,6 +249,11 @@ class Engine:
             )
             if await self._guarded(missed, decision.missed) is _FAILED:
                 retries.unhandle(decision.missed, now)
+        if replaced:
+            why = "a later tick was due before any replica had a free worker thread for it"
+            missed = self._recovery.record_missed(replaced, set(), why)
+            if await self._guarded(missed, replaced) is _FAILED:
+                retries.unhandle(replaced, now)
         self._stepping = []
         self._runs.expire(self.clock.now())
         wake_at = self.registry.wake_at()
@@ -248,7 +261,15 @@ class Engine:
         deadline = self._runs.next_deadline()
         if deadline is not None and (wake_at is None or deadline < wake_at):
             wake_at = deadline
+        if self._dispatcher.worth_claiming_more(after_claim=True):  # some were taken
+            wake_at = self.clock.now()
         return retries.wake_at(wake_at)
+
+    def _thread_freed(self) -> None:
+        """A sync run ended: claim more of the ticks left for others, if enough threads
+        are free for it."""
+        if self._dispatcher.worth_claiming_more(after_claim=False) and self.life.running:
+            self._poke()
 
     async def _guarded(self, step: Awaitable[_T], ticks: list[Tick]) -> _T | _Failed:
         """``step``'s result, or ``_FAILED`` if the backend failed it (logged, and told to
@@ -349,7 +370,11 @@ class Engine:
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
-        return not (self._runs or self._dispatcher.waiting or self._recorder or self._background)
+        dispatcher = self._dispatcher
+        return not (
+            self._runs or dispatcher.waiting or dispatcher.spreader or self._recorder
+            or self._background
+        )  # fmt: skip
 
     def _quiet_may_have_changed(self) -> None:
         if self._quiet_changed is not None:

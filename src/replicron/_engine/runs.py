@@ -22,6 +22,7 @@ from replicron.clock import Clock, _RealTimeWaits
 from replicron.context import RunContext, _current
 from replicron.events import Outcome, RunEvent
 
+from .capacity import claim_margin
 from .collector import HOLD_LIMIT, CollectorHold
 from .lifecycle import Lifecycle
 from .observe import Observer
@@ -112,6 +113,10 @@ class RunExecutor:
         if isinstance(clock, _RealTimeWaits) and clock.tells_unix_time():
             self._from_unix = clock.from_unix
         self.active: set[Run] = set()
+        #: Sync runs started and not yet finished: on a worker thread, or waiting for one.
+        self.sync_active = 0
+        #: Called on the loop when a sync run finishes (a worker thread is free again).
+        self.on_thread_free: Callable[[], None] | None = None
         self._prepared: dict[str, Run] = {}  # job -> its run at the next instant, made ahead
         self._deadlines: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
@@ -143,6 +148,15 @@ class RunExecutor:
         """Whether the last burst is still being worked off (runs wait for a thread, or
         finished runs for the loop)."""
         return bool((self._workers is not None and self._workers.waiting) or self._done)
+
+    @property
+    def workers(self) -> int:
+        return self._max_workers
+
+    def room(self) -> int:
+        """Sync runs this replica can still start promptly: its free worker threads, plus
+        a margin of runs waiting in hand for the next free thread (see ``capacity``)."""
+        return self._max_workers + claim_margin(self._max_workers) - self.sync_active
 
     def next_deadline(self) -> datetime | None:
         return self._deadlines[0][0] if self._deadlines else None
@@ -205,6 +219,7 @@ class RunExecutor:
             run.task = self._loop.create_task(self._run_async(run))
             self._started_async = True
             return
+        self.sync_active += 1
         # Runs of one instant go to the workers together, once the loop is done with them.
         to_submit = self._to_submit
         if not to_submit:
@@ -408,6 +423,10 @@ class RunExecutor:
         state = run.state
         state.running -= 1
         self.active.discard(run)
+        if run.task is None:  # a sync run (even if its job has since become async)
+            self.sync_active -= 1
+            if self.on_thread_free is not None:
+                self.on_thread_free()
         if run.abandoned:
             outcome = Outcome.ABANDONED
         elif run.timed_out:

@@ -11,6 +11,10 @@ A backend answers three questions for the engine:
 * **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
   no replica was up.
 
+A backend shared by replicas in other processes says so with a class attribute
+``spreads_bursts = True`` (optional; absent means False): a scheduler then claims at an instant
+only the runs it can start promptly and leaves the rest to replicas with free worker threads.
+
 Backends never import the engine. All methods are coroutines so that a networked backend can
 await I/O; the engine batches the claims of ticks due at the same instant into one call, and
 the releases that pile up while a call is under way into the next.

@@ -87,6 +87,10 @@ class EmbeddedBackend:
     seconds, when claims are made.
     """
 
+    #: Replicas in other processes claim from this backend too: a scheduler claims at an
+    #: instant only what it can start promptly and leaves the rest to them.
+    spreads_bursts = True
+
     def __init__(
         self,
         state_dir: str | os.PathLike[str],

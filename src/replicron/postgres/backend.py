@@ -80,6 +80,10 @@ class PostgresBackend:
     older than ``retention`` are pruned, keeping each job's latest.
     """
 
+    #: Replicas in other processes claim from this backend too: a scheduler claims at an
+    #: instant only what it can start promptly and leaves the rest to them.
+    spreads_bursts = True
+
     def __init__(
         self,
         conninfo: ConnectionSource,
