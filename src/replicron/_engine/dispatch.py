@@ -4,9 +4,10 @@ turned into a run, a record, or a tick waiting for its turn (overlap and concurr
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
@@ -27,6 +28,9 @@ _DEBUG, _INFO = logging.DEBUG, logging.INFO
 ConcurrencyMode = Literal["queue", "skip"]
 #: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
 TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
+_NO_LEAD = timedelta(0)
+#: The shortest lead when claiming ahead (seconds), and how many claims' times it follows.
+_MIN_LEAD, _CLAIMS_TIMED = 0.005, 16
 #: Named tuples built from a tuple of their fields without a Python-level call.
 _new = tuple.__new__
 
@@ -48,6 +52,7 @@ class Dispatcher:
         max_concurrent_jobs: int | None,
         concurrency_mode: ConcurrencyMode,
         spread: bool,
+        claim_ahead: timedelta | None,
     ) -> None:
         self._backend, self._clock, self._registry = backend, clock, registry
         self._runs, self._recorder, self._retries, self._observer = (
@@ -58,6 +63,10 @@ class Dispatcher:
         self.waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
         self._prepared: dict[str, ClaimRequest] = {}  # job -> its request, made ahead
         self._prepared_at: datetime | None = None
+        # Claiming ahead: up to this far before a tick (seconds; 0: never), by twice the
+        # slowest of the last claims' round trips.
+        self._ahead_limit = 0.0 if claim_ahead is None else claim_ahead.total_seconds()
+        self._claim_times: deque[float] = deque(maxlen=_CLAIMS_TIMED)
         #: Claim by capacity (the backend is shared by replicas in other processes).
         self.spreader: Spreader | None = Spreader(observer.replica_id) if spread else None
 
@@ -82,6 +91,16 @@ class Dispatcher:
                 ClaimRequest, (job, tick, spec.overlap != "allow", False, spec.max_runs)
             )
             prepare_run(state, tick)
+
+    def lead(self) -> timedelta:
+        """How long before an instant to claim its ticks, so that the claim's round trip
+        (its commit, on a server that syncs to disk) is over when they are due, and the runs
+        start on time: twice the slowest of the last claims, within the backend's limit."""
+        limit = self._ahead_limit
+        if not limit:
+            return _NO_LEAD
+        slowest = max(self._claim_times, default=limit)
+        return timedelta(seconds=min(limit, max(_MIN_LEAD, 2 * slowest)))
 
     def within_capacity(self, ticks: list[Tick]) -> tuple[list[Tick], list[Tick]]:
         """Of ``ticks`` and the ticks left for other replicas before: those to claim now
@@ -157,7 +176,13 @@ class Dispatcher:
             add_state(state)
         if not requests:
             return
+        sent = time.monotonic()
         claims = await self._backend.claim(requests)
+        if self._ahead_limit:
+            self._claim_times.append(time.monotonic() - sent)
+            due = max(tick.scheduled_at for tick in ticks)
+            if due > self._clock.now():  # claimed ahead: the runs start on time
+                await self._clock.asleep_until(due)
         # Thousands of objects, no longer needed while the runs start: the collector counts
         # them until they go.
         del requests, add_request

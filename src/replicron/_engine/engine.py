@@ -101,6 +101,9 @@ class Engine:
             recorder=self._recorder, retries=self._retries, observer=self.observer,
             max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
             spread=bool(getattr(backend, "spreads_bursts", False)),
+            # Only on real time: a fake clock's instants are the ones a test sets.
+            claim_ahead=getattr(backend, "claims_ahead", None)
+            if isinstance(clock, ClusterClock) else None,
         )  # fmt: skip
         self._runs.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
@@ -215,7 +218,8 @@ class Engine:
         assert self._wake is not None
         self._wake.clear()
         now = self.clock.now()
-        decision, immediate, catch_up, manual = self.registry.take_due(now)
+        lead = self._dispatcher.lead()
+        decision, immediate, catch_up, manual = self.registry.take_due(now + lead)
         retries = self._retries
         immediate += retries.early_due(now)
         # Each part is guarded on its own: a backend failure must not stop the scheduler,
@@ -258,6 +262,8 @@ class Engine:
         self._runs.expire(self.clock.now())
         wake_at = self.registry.wake_at()
         self._prepare_soon(wake_at)
+        if wake_at is not None:
+            wake_at -= lead
         deadline = self._runs.next_deadline()
         if deadline is not None and (wake_at is None or deadline < wake_at):
             wake_at = deadline

@@ -14,6 +14,9 @@ A backend answers three questions for the engine:
 A backend shared by replicas in other processes says so with a class attribute
 ``spreads_bursts = True`` (optional; absent means False): a scheduler then claims at an instant
 only the runs it can start promptly and leaves the rest to replicas with free worker threads.
+One whose claims accept ticks slightly before they are due says how far with ``claims_ahead``
+(a ``timedelta``; optional): a scheduler on the system clock then claims an instant's ticks
+up to that much early, by its claims' recent round trips, and starts the runs on time.
 
 Backends never import the engine. All methods are coroutines so that a networked backend can
 await I/O; the engine batches the claims of ticks due at the same instant into one call, and

@@ -1,0 +1,60 @@
+"""On PostgreSQL a tick is claimed shortly before it is due, and its run starts on time: the
+claim's round trip (a commit, which a server syncing to disk may hold up) is off the run's
+path. Real time, a real server."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+
+import pytest
+
+from replicron import Scheduler, current_run, every
+from replicron.backends import Claim, ClaimRequest
+from replicron.postgres import PostgresBackend
+
+pytestmark = pytest.mark.timeout(60)
+
+TICKS = 3
+
+
+class TimedClaims(PostgresBackend):
+    """The real backend, noting when each of its claims came back (scheduler time)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.answered: dict[datetime, datetime] = {}
+        self.scheduler: Scheduler | None = None
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        claims = await super().claim(requests)
+        assert self.scheduler is not None
+        now = self.scheduler.clock.now()
+        for claim in claims:
+            self.answered.setdefault(claim.scheduled_at, now)
+        return claims
+
+
+def test_ticks_are_claimed_ahead_and_run_on_time(dsn: str) -> None:
+    backend = TimedClaims(dsn)
+    scheduler = Scheduler(backend=backend, replica_id="r0")
+    backend.scheduler = scheduler
+    started: dict[datetime, datetime] = {}
+    done = threading.Event()
+
+    def task() -> None:
+        run = current_run()
+        started[run.scheduled_at] = scheduler.clock.now()
+        if len(started) >= TICKS:
+            done.set()
+
+    scheduler.add_job(every(seconds=1), task, name="tick")
+    with scheduler:
+        assert done.wait(TICKS + 10)
+    for tick, start in sorted(started.items())[:TICKS]:
+        assert backend.answered[tick] < tick, "claimed before it was due"
+        assert start >= tick, "never started early"
+        assert (start - tick).total_seconds() < 0.5  # generous: a loaded machine
+        lead = (tick - backend.answered[tick]).total_seconds()
+        assert lead <= PostgresBackend.claims_ahead.total_seconds()
