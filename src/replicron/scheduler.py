@@ -31,7 +31,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Where a scheduler's records go: runs, outcomes, backend errors (``extra`` names the job,
 #: tick, replica and run).
 _logger = logging.getLogger(__name__)
-#: Worker threads for sync jobs: I/O-bound jobs mostly wait, so more than the cores (docs/scheduler.md).
+#: Worker threads for sync jobs: I/O-bound jobs mostly wait, so more than the cores
+#: (docs/scheduler.md, "Worker threads").
 _DEFAULT_WORKERS = 10
 
 

@@ -15,7 +15,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -63,6 +63,11 @@ def _made_ahead(o: object) -> bool:
     return isinstance(o, Tick | ClaimRequest | Run)
 
 
+def _scheduled_at(o: object) -> datetime:
+    assert isinstance(o, Tick | ClaimRequest | Run)
+    return o.scheduled_at
+
+
 def tracked_objects(clock: FakeClock, kind: type = object) -> int:
     """Objects (of ``kind``) the collector tracks, but for the next instant's ticks, which
     the engine's thread may or may not have worked out yet (it does so shortly after an
@@ -77,7 +82,7 @@ def tracked_objects(clock: FakeClock, kind: type = object) -> int:
             sum(
                 1
                 for o in gc.get_objects()
-                if isinstance(o, kind) and not (_made_ahead(o) and o.scheduled_at > now)
+                if isinstance(o, kind) and not (_made_ahead(o) and _scheduled_at(o) > now)
             )
         )
     return min(counts)
