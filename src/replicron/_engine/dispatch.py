@@ -3,6 +3,7 @@ turned into a run, a record, or a tick waiting for its turn (overlap and concurr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -31,6 +32,8 @@ TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
 _NO_LEAD = timedelta(0)
 #: The shortest lead when claiming ahead (seconds), and how many claims' times it follows.
 _MIN_LEAD, _CLAIMS_TIMED = 0.005, 16
+#: Sleeps at most while waiting for an instant claimed ahead (each re-checks the clock).
+_WAIT_SLICES = 4
 #: Named tuples built from a tuple of their fields without a Python-level call.
 _new = tuple.__new__
 
@@ -180,9 +183,7 @@ class Dispatcher:
         claims = await self._backend.claim(requests)
         if self._ahead_limit:
             self._claim_times.append(time.monotonic() - sent)
-            due = max(tick.scheduled_at for tick in ticks)
-            if due > self._clock.now():  # claimed ahead: the runs start on time
-                await self._clock.asleep_until(due)
+            await self._until(max(tick.scheduled_at for tick in ticks))
         # Thousands of objects, no longer needed while the runs start: the collector counts
         # them until they go.
         del requests, add_request
@@ -203,6 +204,20 @@ class Dispatcher:
             runs.submit_all()  # hand the instant's sync runs over before anything else
         finally:
             runs.release_collector_once_started()
+
+    async def _until(self, due: datetime) -> None:
+        """Claimed ahead: wait for the instant, so the runs start on time. On the loop only
+        (a blocking fine sleep can fail, e.g. under a faked clock), and never raising: the
+        ticks are claimed, and must start whatever happens to the wait."""
+        clock = self._clock
+        for _ in range(_WAIT_SLICES):
+            try:
+                remaining = (due - clock.now()).total_seconds()
+                if remaining <= 0:
+                    return
+                await asyncio.sleep(remaining)
+            except Exception:
+                return
 
     def _action(self, state: JobState, active: int) -> TickAction:
         """What to do with a tick of a job that is running here, or under a concurrency
