@@ -72,6 +72,12 @@ class Gated:
             if event.scheduled_at == at
         )
 
+    def wait_claimed(self, at: datetime, count: int) -> None:
+        def enough() -> bool:
+            return sum(self.claimed(at).values()) >= count
+
+        poll_until(f"{count} runs of {at} claimed", enough, 20)
+
     def entered_at(self, at: datetime) -> list[tuple[str, str]]:
         with self._lock:
             return [(replica, job) for replica, job, tick in self.entered if tick == at]
@@ -113,7 +119,7 @@ def test_a_burst_is_shared_by_the_replicas_each_claiming_what_it_can_start(
     # others left for whoever frees a thread first.
     room = 4 + claim_margin(4)
     assert 4 < room < 8
-    poll_until("runs claimed", lambda: sum(gated.claimed(T[1]).values()) >= 2 * room, 20)
+    gated.wait_claimed(T[1], 2 * room)
     assert gated.claimed(T[1]) == Counter({"r0": room, "r1": room})
     poll_until("both replicas' threads busy", lambda: len(gated.entered_at(T[1])) == 8, 20)
     assert Counter(replica for replica, _ in gated.entered_at(T[1])) == {"r0": 4, "r1": 4}
@@ -145,7 +151,7 @@ def test_a_tick_nobody_had_a_thread_for_is_recorded_missed_when_its_job_is_due_a
     names = gated.add_jobs(6)
     gated.clock.set(T[1])
     assert claim_margin(1) == 0  # one run each
-    poll_until("two runs claimed", lambda: sum(gated.claimed(T[1]).values()) >= 2, 20)
+    gated.wait_claimed(T[1], 2)
     started = {job for recorder in gated.recorders for job in _jobs(recorder, T[1])}
     left = sorted(set(names) - started)
     assert len(left) == 4
@@ -174,7 +180,7 @@ def test_ticks_left_for_others_are_recorded_when_the_last_replica_stops(
     names = gated.add_jobs(4)
     scheduler = gated.schedulers[0]
     gated.clock.set(T[1])
-    poll_until("a run claimed", lambda: sum(gated.claimed(T[1]).values()) >= 1, 20)
+    gated.wait_claimed(T[1], 1)
     stopping = threading.Thread(target=scheduler.shutdown, kwargs={"timeout": 10})
     stopping.start()
     left = sorted(set(names) - set(_jobs(gated.recorders[0], T[1])))
