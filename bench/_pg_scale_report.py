@@ -312,7 +312,7 @@ def plot(results: dict[Key, Result], path: Path) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "plot skipped: no matplotlib (.venv/bin/python -m pip install matplotlib)"
+        return "plot skipped: no matplotlib (.venv/bin/python -m pip install -e '.[bench]')"
     every = "every-second"
     panels: list[tuple[str, list[Key]]] = [
         ("1 job every second", [("replicron", 1, every), ("apscheduler4", 1, every)]),

@@ -43,7 +43,7 @@ lateness at most 150 ms, no replica with over half of the runs; 1 job: replicron
 most a third of APScheduler 4's; idle: at most 1 statement/s per replica.
 
 Needs matplotlib in the project's .venv for the plot, docs/img/pg_scale_lateness.png
-(``.venv/bin/python -m pip install matplotlib``; without it the plot is skipped with a note).
+(``.venv/bin/python -m pip install -e '.[bench]'``; without it the plot is skipped with a note).
 Prints the table on stdout, progress on stderr, and exits 1 when a target fails (unless
 ``--no-check``).
 """
@@ -100,10 +100,10 @@ CLUSTER_SETTINGS = {
     "log_lock_waits": "on",
     "log_min_duration_statement": "1000",
 }
-#: PostgreSQL 15 hands an idle session's counters to pg_stat_database up to 10 s late: the
-#: window of a scenario whose replicas registered with many transactions (APScheduler's) opens
-#: this long after they are ready, so that those counters are not taken for the window's.
-STATS_SETTLE = 11.0
+#: The default warm-up, from the replicas being ready to the window. PostgreSQL 15 hands an
+#: idle session's counters to pg_stat_database up to 10 s late: a shorter warm-up counts
+#: the transactions the replicas started and registered jobs with as the window's.
+WARMUP = 11.0
 READY_TIMEOUT = 600.0
 STOP_TIMEOUT = 90.0
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -468,8 +468,7 @@ def run_plan(server: Server, plan: Plan, rundir: Path, python: Path) -> Result:
 def measure(server: Server, plan: Plan, db: str, url: str, rundir: Path, python: Path) -> Result:
     began = time.monotonic()
     replicas = start_replicas(plan, url, rundir, python)
-    settle = STATS_SETTLE if plan.library == "apscheduler4" else 0.0
-    first = math.ceil(time.time() + max(plan.warmup, settle))  # the first measured tick
+    first = math.ceil(time.time() + plan.warmup)  # the first measured tick
     end = first + int(plan.seconds)  # the first tick after the window
     seen: Counter[str] = Counter()
     with server.connect(server.monitor_db) as conn:
@@ -582,12 +581,12 @@ def plans(args: argparse.Namespace) -> list[Plan]:
     """The scenarios in the order they run: each APScheduler run next to replicron's."""
     if args.quick:
         return [
-            Plan("replicron", 100, "every-second", 8, 3, 2),
-            Plan("replicron", 600, "every-second", 8, 3, 2),
-            Plan("replicron", 1000, "hourly", 10, 3, 0),
+            Plan("replicron", 100, "every-second", 8, WARMUP, 2),
+            Plan("replicron", 600, "every-second", 8, WARMUP, 2),
+            Plan("replicron", 1000, "hourly", 10, WARMUP, 0),
         ]
     warmup, seconds, drain = args.warmup, args.seconds, 3.0
-    one = 300.0 if args.long else 60.0
+    one = args.one_seconds or (300.0 if args.long else 60.0)
     chosen = [
         Plan("replicron", 1, "every-second", one, warmup, drain),
         Plan("apscheduler4", 1, "every-second", one, warmup, drain),
@@ -631,8 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke test: short, no APScheduler")
     parser.add_argument("--seconds", type=float, default=20.0, help="window of the bursts (s)")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=WARMUP, help="s before each window")
     parser.add_argument("--long", action="store_true", help="1 job: 300 s measured, not 60")
+    parser.add_argument("--one-seconds", type=float, help="1 job: this window (s)")
     parser.add_argument("--no-apscheduler", action="store_true")
     parser.add_argument("--plot", type=Path, help="default: docs/img/pg_scale_lateness.png")
     parser.add_argument("--no-check", action="store_true", help="exit 0 even if a target fails")
