@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +25,7 @@ from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecor
 from replicron.events import Outcome
 from replicron.postgres import BackendUnavailableError, PostgresBackend
 from replicron.postgres._sql import queries
+from tests.helpers import poll_until
 from tests.postgres.test_postgres_backend import claim, record, session_pid, sql, tick
 
 CLAIMED, LOCKED, EARLY = ClaimStatus.CLAIMED, ClaimStatus.LOCKED, ClaimStatus.EARLY
@@ -190,6 +192,77 @@ def test_a_retried_claim_recognises_the_rows_its_first_try_inserted(dsn: str) ->
     assert [r[2:4] for r in rows_first] == [(r[2], "claimed") for r in rows_first]
     assert rows_again == rows_first  # the same rows, recognised by the token
     assert [r[3] for r in other] == ["taken", "taken"]  # another claimant's
+
+
+def test_claims_of_overlapping_ticks_sent_in_opposite_orders_do_not_deadlock(dsn: str) -> None:
+    # Replicas try a burst's ticks in orders of their own. An insert waits for another
+    # transaction's uncommitted row of the same tick, so two claims that insert in their own
+    # orders can each wait for the other. A third session holds a row each claim needs in
+    # the middle, until both claims are waiting; then they go on.
+    async def migrate() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600):
+            pass
+
+    asyncio.run(migrate())
+    claim_sql = queries()["claim"].encode()
+
+    def params(jobs: list[str]) -> dict[str, object]:
+        return {
+            "namespace": "", "jobs": jobs, "ticks": [tick(1)] * len(jobs),
+            "keys": list(range(len(jobs))), "locks": [False] * len(jobs),
+            "manual": [False] * len(jobs), "limits": [None] * len(jobs),
+            "replica": "replica", "tokens": [uuid.uuid4() for _ in jobs],
+            "ahead": timedelta(0), "stale_after": timedelta(seconds=15),
+        }  # fmt: skip
+
+    def session(conn: psycopg.Connection[tuple[object, ...]]) -> dict[str, object]:
+        [(pid, token)] = conn.execute(
+            "SELECT pg_backend_pid(), set_config('replicron.session_token', 'test', false)"
+        ).fetchall()
+        return {"pid": pid, "session_token": token}
+
+    answers: dict[str, list[tuple[object, ...]]] = {}
+    failures: list[BaseException] = []
+    pids: list[int] = []
+
+    def claimant(name: str, jobs: list[str]) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                own = session(conn)
+                pids.append(int(own["pid"]))  # type: ignore[call-overload]
+                rows = conn.execute(claim_sql, {**params(jobs), **own}).fetchall()
+                answers[name] = [tuple(row) for row in rows]
+        except BaseException as error:  # reported by the asserts below
+            failures.append(error)
+
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as watcher:
+        holder.execute(claim_sql, {**params(["z-held-1", "z-held-2"]), **session(holder)})
+        threads = [
+            threading.Thread(target=claimant, args=("a", ["a", "z-held-1", "b"])),
+            threading.Thread(target=claimant, args=("b", ["b", "z-held-2", "a"])),
+        ]
+        for thread in threads:
+            thread.start()
+
+        def both_waiting() -> bool:
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE pid = ANY(%s) AND wait_event_type = 'Lock'",
+                (pids,),
+            ).fetchone()
+            return len(pids) == 2 and waiting is not None and waiting[0] == 2
+
+        poll_until("both claims waiting", both_waiting, 20)
+        holder.rollback()
+        for thread in threads:
+            thread.join(30)
+    assert failures == []
+    won = {
+        (str(row[0]), name) for name, rows in answers.items() for row in rows if row[3] == "claimed"
+    }
+    assert sorted(job for job, _ in won) == ["a", "b", "z-held-1", "z-held-2"]  # each once
+    assert ("z-held-1", "a") in won
+    assert ("z-held-2", "b") in won
 
 
 def _claim_on_one_session(

@@ -48,6 +48,9 @@ WITH request AS MATERIALIZED (
       AND (request.manual OR request.scheduled_at <= session.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
+    -- One order in every claim and record: an insert waits for another transaction's
+    -- uncommitted row of the same tick, and two claims waiting on each other deadlock.
+    ORDER BY request.job, request.scheduled_at
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at
 ), earlier AS (
@@ -222,6 +225,7 @@ WITH request AS MATERIALIZED (
         (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error, token
     FROM due
+    ORDER BY job, scheduled_at  -- the claims' order (see claim)
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING job, scheduled_at
 ), mine AS MATERIALIZED (  -- an index lookup per tick, never a scan of the history
