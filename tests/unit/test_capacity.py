@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from replicron._engine.capacity import Spreader
+from replicron._engine.capacity import MOST_ROUNDS_IN_HAND, Spreader, claim_margin
 from replicron._engine.planner import Tick
 from tests.helpers import z
 
@@ -78,3 +78,22 @@ def test_at_shutdown_every_tick_left_is_handed_back() -> None:
     spreader.split(burst(), 0, every_job)
     assert sorted(t.job for t in spreader.take_all()) == JOBS
     assert not spreader
+
+
+def test_the_margin_is_what_the_threads_finish_in_one_claims_round_trip() -> None:
+    assert claim_margin(10) == 5  # nothing measured yet: half the threads
+    assert claim_margin(10, round_trip=0.030) == 5
+    assert claim_margin(10, run_seconds=0.005) == 5
+    # Times that are exact in binary: 1/32 s claims, 1/128 s runs, 4 runs a thread a claim.
+    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 128) == 40
+    assert claim_margin(10, round_trip=1 / 16, run_seconds=1 / 128) == 80  # slower claims
+    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 16) == 5  # longer runs
+    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 24) == 8  # rounded up
+
+
+def test_the_margin_stays_within_bounds() -> None:
+    # Runs far longer than a claim: one in hand. Runs of no length at all: a few rounds of
+    # the threads at most, so that one replica never takes a whole burst.
+    assert claim_margin(10, round_trip=0.010, run_seconds=60.0) == 1
+    assert claim_margin(10, round_trip=0.5, run_seconds=0.0) == MOST_ROUNDS_IN_HAND * 10
+    assert claim_margin(4, round_trip=10.0, run_seconds=0.001) == MOST_ROUNDS_IN_HAND * 4

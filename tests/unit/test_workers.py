@@ -83,3 +83,24 @@ def test_submissions_before_any_thread_begins_wake_one_thread() -> None:
     assert stuck == []
     assert handler.handled == 400
     assert handler.most == 1
+
+
+def test_the_pool_measures_how_long_a_run_holds_its_thread() -> None:
+    finished = threading.Event()
+    held = 0.02
+
+    def handler(item: int) -> None:
+        time.sleep(held)  # the run's length: what is measured, not a wait for another thread
+        if item == 4:
+            finished.set()
+
+    pool: WorkerPool[int] = WorkerPool(1, "replicron-test-worker", handler)
+    try:
+        assert pool.run_seconds is None
+        pool.submit_many(range(5))
+        assert finished.wait(10)
+    finally:
+        assert pool.stop(5) == []
+    measured = pool.run_seconds
+    assert measured is not None
+    assert held <= measured < 1.0  # seconds, the mean of runs that each slept `held`

@@ -20,18 +20,37 @@ Pure bookkeeping, no I/O: the dispatcher asks, the engine claims.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterable
 
 from .planner import Tick
 
-__all__ = ["Spreader", "claim_margin"]
+__all__ = ["MOST_ROUNDS_IN_HAND", "Spreader", "claim_margin"]
+
+#: Runs are taken to last at least this long (seconds): a thread has overheads of its own.
+_SHORTEST_RUN = 0.0005
 
 
-def claim_margin(workers: int) -> int:
+#: Runs held in hand at most, in rounds of the threads: a run held here waits while another
+#: replica might have started it, so a replica never hoards a burst however short its runs.
+MOST_ROUNDS_IN_HAND = 8
+
+
+def claim_margin(
+    workers: int, round_trip: float | None = None, run_seconds: float | None = None
+) -> int:
     """Runs claimed beyond the free threads, so that the threads have the next runs in hand
-    while the next claim is on its way. Half the threads: a run held here waits while
-    another replica might have started it, so the margin is kept below a full round."""
-    return workers // 2
+    while the next claim is on its way: as many as they finish in one claim's ``round_trip``
+    (seconds) at ``run_seconds`` a run, once both are measured; until then half the threads.
+
+    Short runs and slow claims make it large (5 ms runs on 10 threads, 30 ms claims: 60),
+    so that a burst is worked off at the threads' pace, not a claim per handful of runs;
+    long runs make it small (1 s runs: one), so that few runs wait here while another
+    replica's threads are free."""
+    if round_trip is None or run_seconds is None:
+        return workers // 2
+    in_one_round = math.ceil(workers * round_trip / max(run_seconds, _SHORTEST_RUN))
+    return max(1, min(MOST_ROUNDS_IN_HAND * workers, in_one_round))
 
 
 class Spreader:

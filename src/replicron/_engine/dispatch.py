@@ -15,7 +15,7 @@ from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
 from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
-from .capacity import Spreader
+from .capacity import Spreader, claim_margin
 from .observe import Observer
 from .planner import Tick, overlap_action
 from .recorder import Recorder
@@ -102,7 +102,7 @@ class Dispatcher:
         limit = self._ahead_limit
         if not limit:
             return _NO_LEAD
-        slowest = max(self._claim_times, default=limit)
+        slowest = self._slowest_claim() or limit
         return timedelta(seconds=min(limit, max(_MIN_LEAD, 2 * slowest)))
 
     def within_capacity(self, ticks: list[Tick]) -> tuple[list[Tick], list[Tick]]:
@@ -120,11 +120,17 @@ class Dispatcher:
     def room(self) -> int:
         """Runs that would take a worker thread this replica can start promptly, within
         ``max_concurrent_jobs`` when ticks over it wait (they may as well wait elsewhere)."""
-        room = self._runs.room()
+        runs = self._runs
+        margin = claim_margin(runs.workers, self._slowest_claim(), runs.run_seconds)
+        room = runs.workers + margin - runs.sync_active
         limit = self.max_concurrent_jobs
         if limit is not None and self.concurrency_mode == "queue":
             room = min(room, limit - len(self._runs.active) - len(self.waiting))
         return room
+
+    def _slowest_claim(self) -> float | None:
+        """The slowest of the last claims' round trips (seconds), None before the first."""
+        return max(self._claim_times, default=None)
 
     def worth_claiming_more(self, *, after_claim: bool) -> bool:
         """Ticks were left for others, and enough threads are free to claim some of them:
@@ -181,8 +187,8 @@ class Dispatcher:
             return
         sent = time.monotonic()
         claims = await self._backend.claim(requests)
+        self._claim_times.append(time.monotonic() - sent)
         if self._ahead_limit:
-            self._claim_times.append(time.monotonic() - sent)
             await self._until(max(tick.scheduled_at for tick in ticks))
         # Thousands of objects, no longer needed while the runs start: the collector counts
         # them until they go.

@@ -22,7 +22,6 @@ from replicron.clock import Clock, _RealTimeWaits
 from replicron.context import RunContext, _current
 from replicron.events import Outcome, RunEvent
 
-from .capacity import claim_margin
 from .collector import HOLD_LIMIT, CollectorHold
 from .lifecycle import Lifecycle
 from .observe import Observer
@@ -153,10 +152,10 @@ class RunExecutor:
     def workers(self) -> int:
         return self._max_workers
 
-    def room(self) -> int:
-        """Sync runs this replica can still start promptly: its free worker threads, plus
-        a margin of runs waiting in hand for the next free thread (see ``capacity``)."""
-        return self._max_workers + claim_margin(self._max_workers) - self.sync_active
+    @property
+    def run_seconds(self) -> float | None:
+        """How long a sync run holds its worker thread, on average (None until one ran)."""
+        return None if self._workers is None else self._workers.run_seconds
 
     def next_deadline(self) -> datetime | None:
         return self._deadlines[0][0] if self._deadlines else None

@@ -26,6 +26,8 @@ T = TypeVar("T")
 _WAKE, _STOP = True, False
 #: Seconds without progress, while runs wait, after which another thread is woken.
 STUCK_AFTER = 0.001
+#: Weight of the latest run in the running mean of how long a run holds its thread.
+_RUN_WEIGHT = 0.1
 
 
 def needs_another_thread(
@@ -61,6 +63,9 @@ class WorkerPool(Generic[T]):
         self._started: dict[threading.Thread, float] = {}  # thread -> start of its run
         self._taken = 0  # runs taken so far (a progress counter; exactness is not needed)
         self._seen = 0
+        #: How long a run holds its thread (seconds, a running mean; None before the first).
+        #: Threads update it without a lock: a lost update only lags the mean.
+        self.run_seconds: float | None = None
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -117,12 +122,16 @@ class WorkerPool(Generic[T]):
                     except IndexError:
                         break
                     self._taken += 1
-                    started[me] = monotonic()
+                    started[me] = began = monotonic()
                     try:
                         handler(item)
                     finally:
                         del started[me]
                         del item  # not kept alive while the thread sleeps
+                        held, mean = monotonic() - began, self.run_seconds
+                        self.run_seconds = (
+                            held if mean is None else mean + _RUN_WEIGHT * (held - mean)
+                        )
             finally:
                 with lock:
                     self._awake.discard(me)
