@@ -52,6 +52,9 @@ class _Failed:
 _FAILED = _Failed()
 #: Seconds a cancelled run has to end at shutdown, waiting (capped by the stop timeout) or not.
 _CANCEL_GRACE, _CANCEL_GRACE_NO_WAIT = 5.0, 0.5
+#: Seconds a stopping replica leaves its deferred ticks to the others before recording them
+#: missed: a few claims' round trips of a busy server.
+_HAND_OVER = 0.5
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
@@ -179,14 +182,9 @@ class Engine:
                 _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
                 "scheduler shut down first", job, asked_at,
             )  # fmt: skip
-        spreader = self._dispatcher.spreader
-        if spreader:
-            left = spreader.take_all()  # ticks left for other replicas, not yet taken
-            why = "left for a replica with a free worker thread; none took it before shutdown"
-            if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
-                self._retries.unhandle(left, self.clock.now())
         if wait and _current.get(None) is None:
             await self._runs.wait_finished(limit)
+        await self._hand_over_deferred(limit)
         # What was told to stop gets a moment to do so, even with wait=False: long enough for
         # a task that honours cancellation, short enough not to hold a shutdown up.
         grace = min(limit, _CANCEL_GRACE) if wait else _CANCEL_GRACE_NO_WAIT
@@ -201,6 +199,19 @@ class Engine:
         self.life.phase = "stopped"
         self._stopped.set_result(None)
         self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")
+
+    async def _hand_over_deferred(self, limit: float) -> None:
+        """Ticks left for replicas with free threads, and not taken by this one: the others
+        get a moment to claim them (a rolling restart stops one replica of several, mid
+        burst), then what nobody took is recorded missed (the last replica stops)."""
+        spreader = self._dispatcher.spreader
+        if not spreader:
+            return
+        await asyncio.sleep(min(limit, _HAND_OVER))
+        left = spreader.take_all()
+        why = "left for a replica with a free worker thread; none took it before shutdown"
+        if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
+            self._retries.unhandle(left, self.clock.now())
 
     # ---- the loop ----------------------------------------------------------------------
 
