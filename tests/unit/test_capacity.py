@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
-from replicron._engine.capacity import MOST_ROUNDS_IN_HAND, Spreader, claim_margin
+from replicron._engine.capacity import MOST_ROUNDS_IN_HAND, PROMPTLY, Spreader, claim_margin
 from replicron._engine.planner import Tick
 from tests.helpers import z
 
@@ -80,20 +81,44 @@ def test_at_shutdown_every_tick_left_is_handed_back() -> None:
     assert not spreader
 
 
-def test_the_margin_is_what_the_threads_finish_in_one_claims_round_trip() -> None:
+def test_the_margin_is_what_the_threads_finish_promptly_or_in_one_claims_round_trip() -> None:
     assert claim_margin(10) == 5  # nothing measured yet: half the threads
     assert claim_margin(10, round_trip=0.030) == 5
     assert claim_margin(10, run_seconds=0.005) == 5
-    # Times that are exact in binary: 1/32 s claims, 1/128 s runs, 4 runs a thread a claim.
-    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 128) == 40
-    assert claim_margin(10, round_trip=1 / 16, run_seconds=1 / 128) == 80  # slower claims
-    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 16) == 5  # longer runs
-    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 24) == 8  # rounded up
+    # Times that are exact in binary. Claims quicker than PROMPTLY: what the threads finish
+    # in PROMPTLY; slower ones: in one round trip.
+    assert PROMPTLY < 1 / 8
+    assert claim_margin(10, round_trip=1 / 32, run_seconds=1 / 64) == math.ceil(10 * 64 * PROMPTLY)
+    assert claim_margin(10, round_trip=1 / 4, run_seconds=1 / 64) == 160
+    assert claim_margin(10, round_trip=1 / 4, run_seconds=1 / 8) == 20  # longer runs
+    assert claim_margin(10, round_trip=1 / 4, run_seconds=3 / 4) == 4  # rounded up
 
 
 def test_the_margin_stays_within_bounds() -> None:
-    # Runs far longer than a claim: one in hand. Runs of no length at all: a few rounds of
-    # the threads at most, so that one replica never takes a whole burst.
+    # Runs far longer than a claim: one in hand. Runs of no length at all: some rounds of the
+    # threads at most, so that one replica never takes a whole burst.
     assert claim_margin(10, round_trip=0.010, run_seconds=60.0) == 1
     assert claim_margin(10, round_trip=0.5, run_seconds=0.0) == MOST_ROUNDS_IN_HAND * 10
     assert claim_margin(4, round_trip=10.0, run_seconds=0.001) == MOST_ROUNDS_IN_HAND * 4
+
+
+def test_replicas_that_know_each_other_first_claim_disjoint_shares() -> None:
+    peers = frozenset({"r1", "r2", "r3"})
+    spreaders = [Spreader(name) for name in sorted(peers)]
+    for spreader in spreaders:
+        spreader.see_peers(peers)
+    firsts = [{t.job for t in spreader.split(burst(), 80, every_job)[0]} for spreader in spreaders]
+    assert all(len(first) == 80 for first in firsts)
+    assert firsts[0].isdisjoint(firsts[1] | firsts[2])
+    assert firsts[1].isdisjoint(firsts[2])
+    # Each job has one first replica: the shares cover the jobs once, about a third each.
+    homes = [{job for job in JOBS if spreader.rank(job)[0] == 0} for spreader in spreaders]
+    assert sorted(job for home in homes for job in home) == JOBS
+    assert all(len(JOBS) / 5 < len(home) < len(JOBS) / 2 for home in homes)
+
+
+def test_without_peers_each_replica_has_an_order_of_its_own() -> None:
+    one, other = Spreader("r1"), Spreader("r2")
+    first_one = {t.job for t in one.split(burst(), 80, every_job)[0]}
+    first_other = {t.job for t in other.split(burst(), 80, every_job)[0]}
+    assert len(first_one & first_other) < 40  # two random draws of 80 from 300 share ~21

@@ -11,8 +11,12 @@ runs finish. Every replica does the same, so the burst is pulled by whoever has 
 A deferred tick that another replica claimed meanwhile is answered "taken"; one whose job
 falls due again before anybody had a thread for it is recorded missed.
 
-Replicas try their ticks in different orders (a hash of replica and job), so their first
-claims of a burst do not all insert the same rows.
+Replicas try their ticks in different orders, so that they do not insert the same rows: a
+claim of a row another claim inserted and has not yet committed waits for that commit, and
+a replica that tried every tick of a burst would spend its claims learning that the others
+took most of them. Where the backend tells which replicas share it, the orders are those of
+rendezvous hashing (each job has a first replica, a second, ...), so that each replica
+first works off a share of its own; else each replica's order is a hash of its own.
 
 Pure bookkeeping, no I/O: the dispatcher asks, the engine claims.
 """
@@ -25,32 +29,35 @@ from collections.abc import Callable, Iterable
 
 from .planner import Tick
 
-__all__ = ["MOST_ROUNDS_IN_HAND", "Spreader", "claim_margin"]
+__all__ = ["MOST_ROUNDS_IN_HAND", "PROMPTLY", "Spreader", "claim_margin"]
 
+#: Seconds within which a run claimed here starts, at most, as far as the replica can tell:
+#: its threads work off what it holds in hand in about this long.
+PROMPTLY = 0.1
+#: Runs held in hand at most, in rounds of the threads: a replica never takes a whole burst,
+#: however short its runs seem.
+MOST_ROUNDS_IN_HAND = 20
 #: Runs are taken to last at least this long (seconds): a thread has overheads of its own.
 _SHORTEST_RUN = 0.0005
-
-
-#: Runs held in hand at most, in rounds of the threads: a run held here waits while another
-#: replica might have started it, so a replica never hoards a burst however short its runs.
-MOST_ROUNDS_IN_HAND = 8
 
 
 def claim_margin(
     workers: int, round_trip: float | None = None, run_seconds: float | None = None
 ) -> int:
-    """Runs claimed beyond the free threads, so that the threads have the next runs in hand
-    while the next claim is on its way: as many as they finish in one claim's ``round_trip``
-    (seconds) at ``run_seconds`` a run, once both are measured; until then half the threads.
+    """Runs claimed beyond the free threads: as many as the threads finish, at
+    ``run_seconds`` a run, within ``PROMPTLY`` or within one claim's ``round_trip`` if
+    that is longer (so that they never wait for the next claim), once both are measured;
+    until then half the threads.
 
-    Short runs and slow claims make it large (5 ms runs on 10 threads, 30 ms claims: 60),
-    so that a burst is worked off at the threads' pace, not a claim per handful of runs;
-    long runs make it small (1 s runs: one), so that few runs wait here while another
-    replica's threads are free."""
+    Short runs make it large (5 ms runs on 10 threads: 200), so that a burst is worked off
+    at the threads' pace from a claim or two made ahead of the instant, not a claim per
+    handful of runs on the runs' path; long runs make it small (1 s runs: one), so that
+    few runs wait here while another replica's threads are free."""
     if round_trip is None or run_seconds is None:
         return workers // 2
-    in_one_round = math.ceil(workers * round_trip / max(run_seconds, _SHORTEST_RUN))
-    return max(1, min(MOST_ROUNDS_IN_HAND * workers, in_one_round))
+    horizon = max(PROMPTLY, round_trip)
+    in_hand = math.ceil(workers * horizon / max(run_seconds, _SHORTEST_RUN))
+    return max(1, min(MOST_ROUNDS_IN_HAND * workers, in_hand))
 
 
 class Spreader:
@@ -58,20 +65,33 @@ class Spreader:
     coalesces it, as the planner does with a job that fell behind)."""
 
     def __init__(self, replica_id: str) -> None:
-        self._salt = replica_id.encode() + b"\0"
-        self._ranks: dict[str, int] = {}
+        self._me = replica_id
+        self._peers: frozenset[str] = frozenset()
+        self._ranks: dict[str, tuple[int, int]] = {}
         self.deferred: dict[str, Tick] = {}
 
     def __bool__(self) -> bool:
         return bool(self.deferred)
 
-    def rank(self, job: str) -> int:
-        """The job's place in this replica's order of first tries."""
+    def see_peers(self, peers: frozenset[str]) -> None:
+        """The replicas sharing the backend (this one among them, or not), as last seen."""
+        if peers != self._peers:
+            self._peers = peers
+            self._ranks.clear()
+
+    def rank(self, job: str) -> tuple[int, int]:
+        """The job's place in this replica's order of first tries: rendezvous hashing over
+        the peers. The replica whose hash of the job is highest tries it first of all, the
+        second highest next, and so on: while each works off the jobs it is first for, no
+        two insert the same rows, and a replica that has worked off its own goes on to help
+        the others. Without peers known, a replica's own order."""
         rank = self._ranks.get(job)
         if rank is None:
-            # A real hash: CRC32 gives names that differ in one digit related places.
-            digest = hashlib.blake2b(self._salt + job.encode(), digest_size=8).digest()
-            rank = self._ranks[job] = int.from_bytes(digest, "big")
+            mine = _hash(self._me, job)
+            beaten_by = sum(
+                1 for peer in self._peers if peer != self._me and _hash(peer, job) > mine
+            )
+            rank = self._ranks[job] = (beaten_by, mine)
         return rank
 
     def split(
@@ -108,3 +128,10 @@ class Spreader:
         ticks = list(self.deferred.values())
         self.deferred.clear()
         return ticks
+
+
+def _hash(replica: str, job: str) -> int:
+    # The same on every replica (str's hash is salted per process); a real hash, since
+    # CRC32 gives names that differ in one digit related places.
+    digest = hashlib.blake2b(f"{replica}\0{job}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")

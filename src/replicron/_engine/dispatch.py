@@ -112,6 +112,7 @@ class Dispatcher:
         spreader = self.spreader
         if spreader is None:
             return ticks, []
+        spreader.see_peers(getattr(self._backend, "peers", frozenset()))
         room = self.room()
         if not spreader and len(ticks) <= room:  # the common case: nothing to weigh
             return ticks, []
@@ -122,7 +123,7 @@ class Dispatcher:
         ``max_concurrent_jobs`` when ticks over it wait (they may as well wait elsewhere)."""
         runs = self._runs
         margin = claim_margin(runs.workers, self._slowest_claim(), runs.run_seconds)
-        room = runs.workers + margin - runs.sync_active
+        room = runs.workers + margin - runs.threads_taken
         limit = self.max_concurrent_jobs
         if limit is not None and self.concurrency_mode == "queue":
             room = min(room, limit - len(self._runs.active) - len(self.waiting))

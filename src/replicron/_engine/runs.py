@@ -153,6 +153,13 @@ class RunExecutor:
         return self._max_workers
 
     @property
+    def threads_taken(self) -> int:
+        """Sync runs on a worker thread or waiting for one: those started, less those that
+        finished and wait for the loop's bookkeeping (put off while runs wait for a thread,
+        which must not keep the next claim waiting too)."""
+        return self.sync_active - len(self._done)
+
+    @property
     def run_seconds(self) -> float | None:
         """How long a sync run holds its worker thread, on average (None until one ran)."""
         return None if self._workers is None else self._workers.run_seconds
@@ -313,6 +320,8 @@ class RunExecutor:
             # finishing workers do not wake the loop meanwhile).
             assert self._loop is not None
             self._loop.call_later(STUCK_AFTER, self._drain_done)
+            if self.on_thread_free is not None:  # threads freed up: claim more meanwhile
+                self.on_thread_free()
             return
         self._done_wake_pending = False
         done, finish = self._done, self._finish

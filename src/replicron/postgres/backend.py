@@ -130,6 +130,9 @@ class PostgresBackend:
         self._keys = LockKeyRegistry(self.lock_key)
         self._held: dict[int, int] = {}  # lock key -> run id holding it on this session
         self._open: set[int] = set()  # run ids of our claimed, unfinished ticks
+        #: The replicas of the namespace seen by the last heartbeat, this one among them: a
+        #: scheduler spreads a burst over them (see ``_engine.capacity``).
+        self.peers: frozenset[str] = frozenset()
         self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
         self._tokens = ClaimTokens()  # of ticks whose claim (or miss record) failed
         self._lease: Lease | None = None
@@ -174,6 +177,7 @@ class PostgresBackend:
             await migrate_session(self._session)
         for _ in range(3):  # the offset is needed before the first tick is planned
             await self._sample_clock()
+        await self._heartbeat()  # seen by the other replicas, and seeing them, from the start
         self._housekeeper = asyncio.get_running_loop().create_task(self._housekeep())
 
     async def close(self) -> None:
@@ -431,12 +435,14 @@ class PostgresBackend:
     async def _heartbeat(self) -> None:
         offset = self._offsets.current
         open_runs = sorted(self._open)
-        [(ours, db_now, refreshed, held)] = await self._fetch(
+        [(ours, db_now, refreshed, held, peers)] = await self._fetch(
             "heartbeat",
             run_ids=open_runs,
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
+            stale_after=timedelta(seconds=self.stale_after),
         )
+        self.peers = frozenset(peers) | {self.replica_id}
         if not ours:
             await self._moved()
         self._clock_sample(db_now)

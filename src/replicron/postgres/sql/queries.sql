@@ -269,7 +269,8 @@ RETURNING job, scheduled_at;
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
 -- its clock offset, and return: whether it ran on our server session, the database clock,
 -- the open runs refreshed (an open run not among them was recorded by someone else: a
--- janitor) and the advisory locks this session really holds.
+-- janitor), the advisory locks this session really holds, and the replicas of the namespace
+-- seen lately (the peers a burst is spread over).
 WITH refreshed AS (
     UPDATE replicron_runs SET heartbeat_at = now(), backend_pid = pg_backend_pid()
     WHERE run_id = ANY(%(run_ids)s::bigint[]) AND outcome IS NULL
@@ -290,7 +291,10 @@ SELECT (pg_backend_pid() = %(pid)s
        ARRAY(SELECT run_id FROM refreshed) AS refreshed,
        ARRAY(SELECT (classid::bigint << 32) | objid::bigint
              FROM pg_locks
-             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held;
+             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held,
+       ARRAY(SELECT replica_id FROM replicron_replicas
+             WHERE namespace = %(namespace)s
+               AND last_seen > now() - %(stale_after)s::interval) AS peers;
 
 -- name: clock_sample
 -- A cheap round trip to measure the offset of this replica's clock from the database's.
