@@ -24,18 +24,18 @@ def every_job(job: str) -> bool:
 def test_a_burst_within_room_is_claimed_whole_and_in_order() -> None:
     spreader = Spreader("r0")
     ticks = burst(jobs=JOBS[:10])
-    assert spreader.split(ticks, 10, every_job) == (ticks, [])
+    assert spreader.split(ticks, 10, every_job, AT) == (ticks, [])
     assert not spreader
 
 
 def test_over_room_a_replica_claims_its_room_and_keeps_the_rest_for_later() -> None:
     spreader = Spreader("r0")
-    now, replaced = spreader.split(burst(), 12, every_job)
+    now, replaced = spreader.split(burst(), 12, every_job, AT)
     assert len(now) == 12
     assert replaced == []
     assert sorted([t.job for t in now] + list(spreader.deferred)) == JOBS  # none lost
     left = set(JOBS) - {t.job for t in now}
-    later, _ = spreader.split([], 500, every_job)
+    later, _ = spreader.split([], 500, every_job, AT)
     assert sorted(t.job for t in later) == sorted(left)
     assert len(left) == 288
     assert not spreader
@@ -43,28 +43,28 @@ def test_over_room_a_replica_claims_its_room_and_keeps_the_rest_for_later() -> N
 
 def test_replicas_try_different_ticks_first() -> None:
     firsts = [
-        {tick.job for tick in Spreader(f"replica-{n}").split(burst(), 16, every_job)[0]}
+        {tick.job for tick in Spreader(f"replica-{n}").split(burst(), 16, every_job, AT)[0]}
         for n in range(3)
     ]
     # Three random 16-of-300 picks share about one job each; identical orders would share 16.
     assert all(len(a & b) <= 4 for a in firsts for b in firsts if a is not b)
     # The same replica picks the same ones every time (it is a hash, not chance).
-    assert {t.job for t in Spreader("replica-0").split(burst(), 16, every_job)[0]} == firsts[0]
+    assert {t.job for t in Spreader("replica-0").split(burst(), 16, every_job, AT)[0]} == firsts[0]
 
 
 def test_ticks_that_need_no_thread_are_never_held_back() -> None:
     spreader = Spreader("r0")
     is_sync = {job: n % 2 == 0 for n, job in enumerate(JOBS)}
-    now, _ = spreader.split(burst(), 5, is_sync.__getitem__)
+    now, _ = spreader.split(burst(), 5, is_sync.__getitem__, AT)
     assert {t.job for t in now if not is_sync[t.job]} == {j for j in JOBS if not is_sync[j]}
     assert sum(is_sync[t.job] for t in now) == 5
 
 
 def test_a_newer_tick_of_a_job_replaces_its_older_one_left_unclaimed() -> None:
     spreader = Spreader("r0")
-    spreader.split(burst(jobs=["a", "b", "c"]), 0, every_job)
+    spreader.split(burst(jobs=["a", "b", "c"]), 0, every_job, AT)
     later = AT + timedelta(seconds=1)
-    now, replaced = spreader.split(burst(later, ["a", "b", "c"]), 1, every_job)
+    now, replaced = spreader.split(burst(later, ["a", "b", "c"]), 1, every_job, AT)
     # The oldest ticks go first: one of them is claimed, the two others are replaced by
     # their jobs' newer ticks, which wait in their turn.
     assert [t.scheduled_at for t in now] == [AT]
@@ -76,7 +76,7 @@ def test_a_newer_tick_of_a_job_replaces_its_older_one_left_unclaimed() -> None:
 
 def test_at_shutdown_every_tick_left_is_handed_back() -> None:
     spreader = Spreader("r0")
-    spreader.split(burst(), 0, every_job)
+    spreader.split(burst(), 0, every_job, AT)
     assert sorted(t.job for t in spreader.take_all()) == JOBS
     assert not spreader
 
@@ -107,7 +107,9 @@ def test_replicas_that_know_each_other_first_claim_disjoint_shares() -> None:
     spreaders = [Spreader(name) for name in sorted(peers)]
     for spreader in spreaders:
         spreader.see_peers(peers)
-    firsts = [{t.job for t in spreader.split(burst(), 80, every_job)[0]} for spreader in spreaders]
+    firsts = [
+        {t.job for t in spreader.split(burst(), 80, every_job, AT)[0]} for spreader in spreaders
+    ]
     assert all(len(first) == 80 for first in firsts)
     assert firsts[0].isdisjoint(firsts[1] | firsts[2])
     assert firsts[1].isdisjoint(firsts[2])
@@ -119,6 +121,32 @@ def test_replicas_that_know_each_other_first_claim_disjoint_shares() -> None:
 
 def test_without_peers_each_replica_has_an_order_of_its_own() -> None:
     one, other = Spreader("r1"), Spreader("r2")
-    first_one = {t.job for t in one.split(burst(), 80, every_job)[0]}
-    first_other = {t.job for t in other.split(burst(), 80, every_job)[0]}
+    first_one = {t.job for t in one.split(burst(), 80, every_job, AT)[0]}
+    first_other = {t.job for t in other.split(burst(), 80, every_job, AT)[0]}
     assert len(first_one & first_other) < 40  # two random draws of 80 from 300 share ~21
+
+
+def test_ahead_of_an_instant_a_replica_claims_only_the_ticks_it_is_first_for() -> None:
+    peers = frozenset({"r1", "r2", "r3"})
+    spreader = Spreader("r1")
+    spreader.see_peers(peers)
+    ahead = AT - timedelta(milliseconds=50)
+    claimed, replaced = spreader.split(burst(), 1000, every_job, ahead)
+    assert replaced == []
+    assert {t.job for t in claimed} == {job for job in JOBS if spreader.rank(job)[0] == 0}
+    assert spreader.held_until == AT
+    assert spreader.all_held(ahead)
+    # From the instant on, the others' ticks are anybody's (their first replica may be gone).
+    assert not spreader.all_held(AT)
+    later, _ = spreader.split([], 1000, every_job, AT)
+    assert sorted(t.job for t in claimed + later) == JOBS
+    assert not spreader
+
+
+def test_alone_a_replica_claims_ahead_whatever_fits() -> None:
+    spreader = Spreader("r1")
+    spreader.see_peers(frozenset({"r1"}))
+    ahead = AT - timedelta(milliseconds=50)
+    claimed, _ = spreader.split(burst(), 1000, every_job, ahead)
+    assert len(claimed) == len(JOBS)
+    assert spreader.held_until is None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from .planner import Tick
 
@@ -69,6 +70,9 @@ class Spreader:
         self._peers: frozenset[str] = frozenset()
         self._ranks: dict[str, tuple[int, int]] = {}
         self.deferred: dict[str, Tick] = {}
+        #: The first instant of the ticks held back for their first replica, and how many.
+        self.held_until: datetime | None = None
+        self._held = 0
 
     def __bool__(self) -> bool:
         return bool(self.deferred)
@@ -94,34 +98,64 @@ class Spreader:
             rank = self._ranks[job] = (beaten_by, mine)
         return rank
 
+    @property
+    def holds_back(self) -> bool:
+        """Whether ticks claimed ahead of their instant are left to their first replica."""
+        return len(self._peers) > 1
+
     def split(
-        self, ticks: Iterable[Tick], room: int, needs_thread: Callable[[str], bool]
+        self,
+        ticks: Iterable[Tick],
+        room: int,
+        needs_thread: Callable[[str], bool],
+        at: datetime,
     ) -> tuple[list[Tick], list[Tick]]:
         """Of ``ticks`` and those deferred before: the ones to claim now, and the deferred
         ones a newer tick of their job replaced (to be recorded missed).
 
         ``room``: runs this replica can start promptly. ``needs_thread(job)``: whether a tick
         of ``job`` would take a worker thread if claimed now (not an async job, not one
-        skipped or queued behind a run of its job here).
+        skipped or queued behind a run of its job here). ``at``: the time now; a tick not
+        yet due is claimed ahead only by its first replica, and by the others from its
+        instant on (should its first replica have no room, or be gone).
         """
         deferred = self.deferred
-        now: list[Tick] = []
+        claim: list[Tick] = []
         candidates = list(deferred.values())
         deferred.clear()
         for tick in ticks:
-            (candidates if needs_thread(tick.job) else now).append(tick)
-        if len(candidates) <= room:
-            return now + candidates, []
+            (candidates if needs_thread(tick.job) else claim).append(tick)
+        held: list[Tick] = []
         rank = self.rank
+        if self.holds_back:
+            ours: list[Tick] = []
+            for tick in candidates:
+                (held if tick.scheduled_at > at and rank(tick.job)[0] else ours).append(tick)
+            candidates = ours
+        self.held_until = min((tick.scheduled_at for tick in held), default=None)
+        self._held = len(held)
+        if len(candidates) <= room and not held:
+            return claim + candidates, []
         candidates.sort(key=lambda tick: (tick.scheduled_at, rank(tick.job)))
         taken = max(room, 0)
+        left = candidates[taken:] + held
+        left.sort(key=lambda tick: tick.scheduled_at)
         replaced: list[Tick] = []
-        for tick in candidates[taken:]:
+        for tick in left:
             older = deferred.get(tick.job)
             if older is not None:  # sorted by instant: ``tick`` is the newer one
                 replaced.append(older)
             deferred[tick.job] = tick
-        return now + candidates[:taken], replaced
+        return claim + candidates[:taken], replaced
+
+    def all_held(self, at: datetime) -> bool:
+        """Whether every deferred tick is held back for its first replica until after
+        ``at``: nothing to claim yet, whatever the room."""
+        return (
+            self.held_until is not None
+            and at < self.held_until
+            and (self._held == len(self.deferred))
+        )
 
     def take_all(self) -> list[Tick]:
         """At shutdown: every tick still deferred."""

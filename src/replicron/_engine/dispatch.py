@@ -114,9 +114,9 @@ class Dispatcher:
             return ticks, []
         spreader.see_peers(getattr(self._backend, "peers", frozenset()))
         room = self.room()
-        if not spreader and len(ticks) <= room:  # the common case: nothing to weigh
-            return ticks, []
-        return spreader.split(ticks, room, self._needs_thread)
+        if not spreader and len(ticks) <= room and not spreader.holds_back:
+            return ticks, []  # the common case: nothing to weigh
+        return spreader.split(ticks, room, self._needs_thread, self._clock.now())
 
     def room(self) -> int:
         """Runs that would take a worker thread this replica can start promptly, within
@@ -133,13 +133,26 @@ class Dispatcher:
         """The slowest of the last claims' round trips (seconds), None before the first."""
         return max(self._claim_times, default=None)
 
-    def worth_claiming_more(self, *, after_claim: bool) -> bool:
-        """Ticks were left for others, and enough threads are free to claim some of them:
-        any, right after a claim some of whose ticks were taken by others; else half the
-        threads, so as not to send a claim for each run that ends."""
-        if not self.spreader:
+    def worth_claiming_more(self) -> bool:
+        """Ticks were left for others, some may be claimed now, and half the threads are
+        free to run them: a thread freed up (a claim for each run that ends would be too
+        many)."""
+        spreader = self.spreader
+        if not spreader or spreader.all_held(self._clock.now()):
             return False
-        return self.room() >= (1 if after_claim else max(1, self._runs.workers // 2))
+        return self.room() >= max(1, self._runs.workers // 2)
+
+    def claim_more_at(self) -> datetime | None:
+        """Right after a claim: when to claim more of the ticks left for others. Now, if
+        there is room for any (others took some of this claim's), at the instant of those
+        held back for their first replicas, or once threads free up (None)."""
+        spreader = self.spreader
+        if not spreader:
+            return None
+        now = self._clock.now()
+        if spreader.all_held(now):
+            return spreader.held_until
+        return now if self.room() >= 1 else None
 
     def _needs_thread(self, job: str) -> bool:
         state = self._registry.get(job)

@@ -278,14 +278,15 @@ class Engine:
         deadline = self._runs.next_deadline()
         if deadline is not None and (wake_at is None or deadline < wake_at):
             wake_at = deadline
-        if self._dispatcher.worth_claiming_more(after_claim=True):  # some were taken
-            wake_at = self.clock.now()
+        more_at = self._dispatcher.claim_more_at()
+        if more_at is not None and (wake_at is None or more_at < wake_at):
+            wake_at = more_at
         return retries.wake_at(wake_at)
 
     def _thread_freed(self) -> None:
         """A sync run ended: claim more of the ticks left for others, if enough threads
         are free for it."""
-        if self._dispatcher.worth_claiming_more(after_claim=False) and self.life.running:
+        if self._dispatcher.worth_claiming_more() and self.life.running:
             self._poke()
 
     async def _guarded(self, step: Awaitable[_T], ticks: list[Tick]) -> _T | _Failed:
