@@ -207,7 +207,11 @@ async def run_apscheduler(args: argparse.Namespace, stop: threading.Event) -> di
             else:
                 trigger, task = cron.CronTrigger(minute=args.minute, timezone="UTC"), idle_task
             await scheduler.configure_task(
-                name, func=task, max_running_jobs=1, misfire_grace_time=None
+                name,
+                func=task,
+                job_executor="threadpool",  # the default, "async", runs it on the loop
+                max_running_jobs=1,
+                misfire_grace_time=None,
             )
             await scheduler.add_schedule(
                 name,

@@ -21,8 +21,10 @@ for a warm-up and then a measured window of whole-second ticks:
   hourly jobs, none due, for the idle cost.
 * APScheduler 4.0.0a6 for N = 1 and 600 and the idle case, right before or after replicron's
   run of the same scenario: its AsyncScheduler with an SQLAlchemy data store and an asyncpg
-  event broker on the same server, in a virtualenv of its own that this script makes
-  (bench/.venv-apscheduler4, git-ignored, reused when present) from the package index.
+  event broker on the same server, its sync tasks on its thread pool executor (its default
+  executor, ``async``, would run them on the event loop), in a virtualenv of its own that
+  this script makes (bench/.venv-apscheduler4, git-ignored, reused when present) from the
+  package index. Its connections carry ``application_name`` "apscheduler4 r1" and so on.
 
 What is measured (docs/benchmarks.md says more):
 
@@ -34,16 +36,23 @@ What is measured (docs/benchmarks.md says more):
   replica inserted the tick's row first) per tick;
 * the server: deltas of ``pg_stat_statements`` (statements, their rows, the busiest ones) and
   ``pg_stat_database`` (commits, rows, deadlocks) for the scenario's database over the window,
-  connections per replica from ``pg_stat_activity`` (by application_name);
-* CPU of the replicas and of the server, and of every other process (the machine is shared,
-  so figures are noisy: above 0.25 cores of other load a warning is printed).
+  connections per replica from ``pg_stat_activity`` (by application_name, the most seen in
+  samples every half second);
+* CPU of the replicas and of the server (of our cluster: with the backends that exited in
+  the window), and of every other process (the machine is shared, so figures are noisy:
+  above 0.25 cores of other load a warning is printed).
 
 Targets: 600 jobs on 3 replicas run every tick exactly once, none skipped_overlap, p99 start
 lateness at most 150 ms, no replica with over half of the runs; 1 job: replicron's p99 at
 most a third of APScheduler 4's; idle: at most 1 statement/s per replica.
 
 Needs matplotlib in the project's .venv for the plot, docs/img/pg_scale_lateness.png
-(``.venv/bin/python -m pip install -e '.[bench]'``; without it the plot is skipped with a note).
+(``.venv/bin/python -m pip install -e '.[bench]'``; without it the plot is skipped with a note):
+a CDF of the start lateness per scenario over the measured ticks, so a curve that ends below
+1 had ticks with no run.
+
+bench/_pg_scale_server.py has the cluster and what the server and the machine did,
+bench/_pg_scale_report.py the table, the targets and the plot.
 Prints the table on stdout, progress on stderr, and exits 1 when a target fails (unless
 ``--no-check``).
 """
@@ -67,19 +76,29 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import quote
 
 import psycopg
 from _pg_scale_report import REPLICAS, TASK_MS, Key, Plan, Result, log_kinds, plot, render
-from psycopg.conninfo import conninfo_to_dict
+from _pg_scale_server import (
+    DB_COUNTERS,
+    Server,
+    Snapshot,
+    connections,
+    create_database,
+    drop_database,
+    prepare_monitoring,
+    progress,
+    server_spent,
+    snapshot,
+    start_cluster,
+    statement_names,
+    tear_down,
+    use_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import temp_postgres  # noqa: E402  (tools/ is no package)
-
 REPLICA = ROOT / "bench" / "_pg_scale_replica.py"
 APS_VENV = ROOT / "bench" / ".venv-apscheduler4"
 APS_VERSION = "4.0.0a6"
@@ -91,149 +110,12 @@ APS_REQUIREMENTS = [
     "sqlalchemy[asyncio]",
     "asyncpg",
 ]
-CLUSTER_PREFIX = "replicron-pg-scale."
-CLUSTER_SETTINGS = {
-    "shared_preload_libraries": "'pg_stat_statements'",
-    "pg_stat_statements.track": "top",
-    "track_io_timing": "on",
-    "max_connections": "300",
-    "log_lock_waits": "on",
-    "log_min_duration_statement": "1000",
-}
 #: The default warm-up, from the replicas being ready to the window. PostgreSQL 15 hands an
 #: idle session's counters to pg_stat_database up to 10 s late: a shorter warm-up counts
 #: the transactions the replicas started and registered jobs with as the window's.
 WARMUP = 11.0
 READY_TIMEOUT = 600.0
 STOP_TIMEOUT = 90.0
-Conn = psycopg.Connection[tuple[Any, ...]]
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-# ---- the server -----------------------------------------------------------------------------
-
-
-@dataclass
-class Server:
-    """Where the scenarios' databases are made, and how the server is watched."""
-
-    params: dict[str, Any]  # libpq keywords, without dbname
-    admin_db: str  # CREATE and DROP DATABASE go here
-    monitor_db: str  # pg_stat_* are read from here: none of its statements are counted
-    own_cluster: Path | None  # the throwaway cluster's directory, if it is ours
-    pgss: bool = False  # pg_stat_statements readable
-    version: str = ""
-    postmaster_pid: int | None = None
-    made_dbs: list[str] = field(default_factory=list)
-
-    def url(self, dbname: str) -> str:
-        p = self.params
-        user = quote(str(p.get("user", "postgres")), safe="")
-        password = f":{quote(str(p['password']), safe='')}" if p.get("password") else ""
-        port = f":{p['port']}" if p.get("port") else ""
-        return f"postgresql://{user}{password}@{p.get('host', '127.0.0.1')}{port}/{dbname}"
-
-    def connect(self, dbname: str) -> Conn:
-        return psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=10)
-
-
-def start_cluster() -> Server:
-    """A throwaway cluster with pg_stat_statements preloaded (see tools/temp_postgres.py)."""
-    for stale in Path(tempfile.gettempdir()).glob(f"{CLUSTER_PREFIX}*"):
-        with contextlib.suppress(OSError, ValueError):
-            if not Path(f"/proc/{int((stale / 'owner').read_text())}").exists():
-                progress(f"removing the cluster of an earlier run that was killed: {stale}")
-                temp_postgres.stop(stale)
-    bindir = temp_postgres.server_bindir()
-    if bindir is None:
-        raise SystemExit("no PostgreSQL server binaries (initdb, pg_ctl) were found: use --dsn")
-    user = temp_postgres.server_user()
-    workdir = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX))
-    (workdir / "owner").write_text(f"{os.getpid()}\n")
-    (workdir / "bindir").write_text(f"{bindir}\n")
-    if user is not None:
-        os.chown(workdir, user.pw_uid, user.pw_gid)
-    server = Server({}, "postgres", "postgres", workdir)
-    data = workdir / "data"
-    temp_postgres.run(user, workdir, bindir / "initdb", "-D", data, "-U", "postgres",
-                      "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")  # fmt: skip
-    with (data / "postgresql.conf").open("a") as conf:
-        conf.write("\n# bench/pg_scale.py\n")
-        conf.writelines(f"{key} = {value}\n" for key, value in CLUSTER_SETTINGS.items())
-    for attempt in range(3):
-        port = temp_postgres.free_port()
-        try:
-            temp_postgres.run(user, workdir, bindir / "pg_ctl", "-D", data,
-                              "-l", workdir / "postgres.log",
-                              "-o", f"-p {port} -h 127.0.0.1 -k '{workdir}'",
-                              "-w", "-t", "60", "start")  # fmt: skip
-            break
-        except subprocess.CalledProcessError:
-            if attempt == 2:
-                raise
-    server.params = {"host": "127.0.0.1", "port": port, "user": "postgres"}
-    server.postmaster_pid = int((data / "postmaster.pid").read_text().split()[0])
-    progress(f"started a throwaway PostgreSQL cluster at 127.0.0.1:{port} in {workdir}")
-    return server
-
-
-def use_server(dsn: str) -> Server:
-    params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
-    admin_db = str(params.pop("dbname", "postgres"))
-    server = Server(params, admin_db, f"pgscale_monitor_{uuid.uuid4().hex[:8]}", None)
-    create_database(server, server.monitor_db)
-    return server
-
-
-def prepare_monitoring(server: Server) -> None:
-    with server.connect(server.monitor_db) as conn:
-        row = conn.execute("SELECT current_setting('server_version')").fetchone()
-        server.version = str(row[0]).split(" ")[0] if row else "?"
-        try:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            conn.execute("SELECT count(*) FROM pg_stat_statements")
-            server.pgss = True
-        except psycopg.Error as exc:
-            progress(f"pg_stat_statements cannot be read, its figures are left out: {exc}")
-
-
-def create_database(server: Server, name: str) -> None:
-    with server.connect(server.admin_db) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    server.made_dbs.append(name)
-
-
-def drop_database(server: Server, name: str) -> None:
-    with server.connect(server.admin_db) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    if name in server.made_dbs:
-        server.made_dbs.remove(name)
-
-
-def tear_down(server: Server | None, keep_log: Path | None) -> None:
-    """Leave no cluster running and no database behind (on every exit)."""
-    if server is None:
-        return
-    if server.own_cluster is not None:
-        if keep_log is not None:
-            with contextlib.suppress(OSError):
-                shutil.copy(server.own_cluster / "postgres.log", keep_log)
-        temp_postgres.stop(server.own_cluster)
-        progress("stopped and removed the throwaway cluster")
-        return
-    for name in list(server.made_dbs):
-        with contextlib.suppress(psycopg.Error):
-            drop_database(server, name)
-
-
-def statement_names() -> dict[str, str]:
-    """replicron's named queries by their first line (pg_stat_statements keeps comments)."""
-    from replicron.postgres._sql import queries
-
-    return {text.strip().splitlines()[0]: name for name, text in queries().items()}
 
 
 # ---- APScheduler 4's virtualenv -------------------------------------------------------------
@@ -356,92 +238,6 @@ def stop_replicas(replicas: list[Replica]) -> list[dict[str, Any]]:
     return outputs
 
 
-# ---- what the server and the machine did ----------------------------------------------------
-
-
-def cpu_of(pid: int) -> float:
-    """CPU seconds (user and system, all threads) of a live process; 0 if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
-
-
-def busy_seconds() -> float:
-    """CPU seconds all processes of the machine have used, from /proc/stat."""
-    with open("/proc/stat") as stat:
-        fields = [int(f) for f in stat.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-DB_COUNTERS = ("xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted",
-               "tup_updated", "tup_deleted", "deadlocks")  # fmt: skip
-
-
-@dataclass
-class Snapshot:
-    at: float
-    busy: float
-    replica_cpu: dict[int, float]
-    server_cpu: dict[int, float]
-    own_cpu: float
-    db: dict[str, int]
-    statements: dict[int, tuple[int, int, float, str]]  # queryid: calls, rows, ms, text
-
-
-def server_pids(server: Server, conn: Conn, db: str) -> list[int]:
-    """The server processes whose CPU is the scenario's: the whole cluster if it is ours,
-    else the backends of the scenario's database (if the server runs on this machine)."""
-    if server.postmaster_pid is not None:
-        return [server.postmaster_pid, *children_of(server.postmaster_pid)]
-    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [db]).fetchall()
-    return [row[0] for row in rows]
-
-
-def snapshot(server: Server, conn: Conn, db: str, replicas: list[Replica]) -> Snapshot:
-    columns = ", ".join(DB_COUNTERS)
-    row = conn.execute(f"SELECT {columns} FROM pg_stat_database WHERE datname = %s", [db])
-    counters = row.fetchone() or (0,) * len(DB_COUNTERS)
-    statements = {}
-    if server.pgss:
-        for queryid, calls, rows, ms, text in conn.execute(
-            "SELECT queryid, calls, rows, total_exec_time, query FROM pg_stat_statements"
-            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)",
-            [db],
-        ):
-            statements[queryid] = (calls, rows, ms, text)
-    times = os.times()
-    return Snapshot(
-        at=time.time(),
-        busy=busy_seconds(),
-        replica_cpu={r.proc.pid: cpu_of(r.proc.pid) for r in replicas},
-        server_cpu={pid: cpu_of(pid) for pid in server_pids(server, conn, db)},
-        own_cpu=times.user + times.system,
-        db=dict(zip(DB_COUNTERS, counters, strict=True)),
-        statements=statements,
-    )
-
-
-def connections(conn: Conn, db: str) -> Counter[str]:
-    """Connections to ``db`` by replica (the last word of their application_name)."""
-    rows = conn.execute(
-        "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s GROUP BY 1",
-        [db],
-    ).fetchall()
-    return Counter({(str(name).split(" ")[-1] or "unnamed"): n for name, n in rows})
-
-
 def sleep_until(instant: float) -> None:
     while (remaining := instant - time.time()) > 0:
         time.sleep(min(remaining, 1.0))
@@ -475,15 +271,16 @@ def measure(server: Server, plan: Plan, db: str, url: str, rundir: Path, python:
         # The window opens and closes half a second before a tick: it holds the work of the
         # measured ticks (claimed a little ahead of them) and of no others.
         sleep_until(first - 0.5)
-        before = snapshot(server, conn, db, replicas)
+        pids = [replica.proc.pid for replica in replicas]
+        before = snapshot(server, conn, db, pids)
         while time.time() < end - 0.5:
             seen |= connections(conn, db)  # the most seen of each
-            sleep_until(min(end - 0.5, time.time() + 2.0))
-        after = snapshot(server, conn, db, replicas)
+            sleep_until(min(end - 0.5, time.time() + 0.5))
+        after = snapshot(server, conn, db, pids)
     sleep_until(end + plan.drain)  # late runs of the measured ticks
     outputs = stop_replicas(replicas)
     result = Result(plan)
-    account(result, before, after, seen)
+    account(result, server, before, after, seen)
     analyse_samples(result, outputs, first, end)
     if plan.library == "replicron":
         analyse_ledger(result, url, first, end)
@@ -494,7 +291,9 @@ def measure(server: Server, plan: Plan, db: str, url: str, rundir: Path, python:
     return result
 
 
-def account(result: Result, before: Snapshot, after: Snapshot, seen: Counter[str]) -> None:
+def account(
+    result: Result, server: Server, before: Snapshot, after: Snapshot, seen: Counter[str]
+) -> None:
     window = after.at - before.at
     result.rates = {k: (after.db[k] - before.db[k]) / window for k in DB_COUNTERS}
     if after.statements:
@@ -510,11 +309,8 @@ def account(result: Result, before: Snapshot, after: Snapshot, seen: Counter[str
         busiest = sorted((d for d in deltas if d[0] > 0), reverse=True)[:3]
         result.top_statements = [(n / window, ms / n, name) for n, _, ms, name in busiest]
 
-    def spent(a: dict[int, float], b: dict[int, float]) -> float:
-        return sum(cpu - a.get(pid, 0.0) for pid, cpu in b.items())
-
-    replica_cpu = spent(before.replica_cpu, after.replica_cpu)
-    server_cpu = spent(before.server_cpu, after.server_cpu)
+    replica_cpu = sum(cpu - before.replica_cpu[pid] for pid, cpu in after.replica_cpu.items())
+    server_cpu = server_spent(server, before, after)
     ours = replica_cpu + server_cpu + (after.own_cpu - before.own_cpu)
     result.replica_cpu = replica_cpu / window
     result.server_cpu = server_cpu / window
@@ -663,12 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(rundir, ignore_errors=True)
     assert server is not None
-    text, checks = render(results, header(results, server, args.quick))
+    lines = header(results, server, args.quick)
+    text, checks = render(results, lines)
     print(text)
     progress(f"took {time.monotonic() - began:.0f} s")
     plot_path = args.plot or (None if args.quick else ROOT / "docs/img/pg_scale_lateness.png")
     if plot_path is not None:
-        progress(plot(results, plot_path))
+        progress(plot(results, plot_path, f"{lines[0]}, {os.cpu_count()} cores"))
     failed = any(check.passed is False for check in checks)
     return 1 if failed and not args.no_check else 0
 
