@@ -150,3 +150,12 @@ def test_alone_a_replica_claims_ahead_whatever_fits() -> None:
     claimed, _ = spreader.split(burst(), 1000, every_job, ahead)
     assert len(claimed) == len(JOBS)
     assert spreader.held_until is None
+
+
+def test_ticks_that_need_no_thread_are_held_back_for_their_first_replica_too() -> None:
+    spreader = Spreader("r2")
+    spreader.see_peers(frozenset({"r1", "r2", "r3"}))
+    claimed, _ = spreader.split(burst(), 0, lambda job: False, AT - timedelta(milliseconds=50))
+    assert {t.job for t in claimed} == {job for job in JOBS if spreader.rank(job)[0] == 0}
+    later, _ = spreader.split([], 0, lambda job: False, AT)
+    assert sorted(t.job for t in claimed + later) == JOBS

@@ -116,22 +116,25 @@ class Spreader:
         ``room``: runs this replica can start promptly. ``needs_thread(job)``: whether a tick
         of ``job`` would take a worker thread if claimed now (not an async job, not one
         skipped or queued behind a run of its job here). ``at``: the time now; a tick not
-        yet due is claimed ahead only by its first replica, and by the others from its
-        instant on (should its first replica have no room, or be gone).
+        yet due, whether it needs a thread or not, is claimed ahead only by its first
+        replica, and by the others from its instant on (should its first replica have had
+        no room, or be gone).
         """
         deferred = self.deferred
-        claim: list[Tick] = []
-        candidates = list(deferred.values())
+        pending = list(deferred.values())
         deferred.clear()
-        for tick in ticks:
-            (candidates if needs_thread(tick.job) else claim).append(tick)
+        pending.extend(ticks)
+        claim: list[Tick] = []
+        candidates: list[Tick] = []
         held: list[Tick] = []
-        rank = self.rank
-        if self.holds_back:
-            ours: list[Tick] = []
-            for tick in candidates:
-                (held if tick.scheduled_at > at and rank(tick.job)[0] else ours).append(tick)
-            candidates = ours
+        rank, holds_back = self.rank, self.holds_back
+        for tick in pending:
+            if holds_back and tick.scheduled_at > at and rank(tick.job)[0]:
+                held.append(tick)
+            elif needs_thread(tick.job):
+                candidates.append(tick)
+            else:
+                claim.append(tick)
         self.held_until = min((tick.scheduled_at for tick in held), default=None)
         self._held = len(held)
         if len(candidates) <= room and not held:

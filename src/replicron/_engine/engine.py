@@ -207,7 +207,9 @@ class Engine:
         spreader = self._dispatcher.spreader
         if not spreader:
             return
-        await asyncio.sleep(min(limit, _HAND_OVER))
+        peers = getattr(self.backend, "peers", None)
+        if peers is None or peers - {self.replica_id}:  # others may be there to take them
+            await asyncio.sleep(min(limit, _HAND_OVER))
         left = spreader.take_all()
         why = "left for a replica with a free worker thread; none took it before shutdown"
         if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
