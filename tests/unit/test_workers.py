@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from replicron._engine.workers import STUCK_AFTER, WorkerPool, needs_another_thread
+from tests.helpers import poll_until
 
 NOW = 1000.0
 OLD = NOW - 2 * STUCK_AFTER
@@ -104,3 +105,37 @@ def test_the_pool_measures_how_long_a_run_holds_its_thread() -> None:
     measured = pool.run_seconds
     assert measured is not None
     assert held <= measured < 1.0  # seconds, the mean of runs that each slept `held`
+
+
+@pytest.mark.usefixtures("long_switch_interval")
+def test_once_runs_are_known_to_be_long_a_burst_wakes_the_threads_it_needs_at_once() -> None:
+    # No supervisor wakes threads here: only the submission does. Four runs that wait for
+    # each other all get through only if four threads were woken for them.
+    barrier = threading.Barrier(4, timeout=10)
+    first_done, all_met = threading.Event(), threading.Event()
+    met: list[int] = []
+
+    def handler(item: int) -> None:
+        if item < 0:
+            time.sleep(2 * STUCK_AFTER)  # a run long enough to be worth a thread of its own
+            first_done.set()
+            return
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return
+        met.append(item)
+        if len(met) == 4:
+            all_met.set()
+
+    pool: WorkerPool[int] = WorkerPool(4, "replicron-test-worker", handler)
+    try:
+        pool.submit_many([-1])
+        assert first_done.wait(10)
+        poll_until("the first run measured", lambda: pool.run_seconds is not None, 10)
+        pool.submit_many(range(4))
+        assert all_met.wait(20)
+    finally:
+        stuck = pool.stop(5)
+    assert stuck == []
+    assert sorted(met) == [0, 1, 2, 3]

@@ -81,9 +81,18 @@ class WorkerPool(Generic[T]):
     def submit_many(self, items: Iterable[T]) -> None:
         """Handle each of ``items`` on a worker thread, in order of submission; the handler
         must not raise."""
-        self._pending.extend(items)
+        pending = self._pending
+        pending.extend(items)
         with self._lock:
-            self._wake_one_unless_taken_care_of()
+            mean = self.run_seconds
+            if mean is not None and mean >= STUCK_AFTER:
+                # Runs this long would find every awake thread stuck anyway: the threads a
+                # burst needs are woken at once, not one per STUCK_AFTER.
+                wanted = min(len(pending), self.size) - len(self._awake) - self._signalled
+                for _ in range(wanted):
+                    self._signal()
+            else:
+                self._wake_one_unless_taken_care_of()
 
     def supervise(self) -> bool:
         """While runs wait: wake one more thread if the awake ones are stuck. Returns whether
