@@ -13,6 +13,7 @@ import pytest
 from replicron import Scheduler, current_run, every
 from replicron.backends import Claim, ClaimRequest
 from replicron.postgres import PostgresBackend
+from tests.helpers import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,3 +59,39 @@ def test_ticks_are_claimed_ahead_and_run_on_time(dsn: str) -> None:
         assert (start - tick).total_seconds() < 0.5  # generous: a loaded machine
         lead = (tick - backend.answered[tick]).total_seconds()
         assert lead <= PostgresBackend.claims_ahead.total_seconds()
+
+
+class LosesTheSessionAfterClaiming(PostgresBackend):
+    """The real backend, whose lock session is lost (as the backend reports it) right after
+    its first claim that won a tick: before the tick's instant, since it was claimed ahead."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.lost: list[int] = []
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        claims = await super().claim(requests)
+        won = [claim.run_id for claim in claims if claim.run_id is not None]
+        if won and not self.lost:
+            self.lost = won
+            self._on_lock_lost(won)  # what a lost session or an expired lease reports
+        return claims
+
+
+def test_a_tick_whose_lock_is_lost_between_its_claim_and_its_instant_is_not_run(
+    dsn: str,
+) -> None:
+    backend = LosesTheSessionAfterClaiming(dsn)
+    recorder = Recorder()
+    scheduler = Scheduler(backend=backend, replica_id="r0", listeners=[recorder])
+    ran: list[datetime] = []
+    scheduler.add_job(every(seconds=1), lambda: ran.append(current_run().scheduled_at), name="t")
+    with scheduler:
+        [abandoned] = recorder.wait_count("on_abandoned", 1, "t")
+        [succeeded] = recorder.wait_count("after_success", 1, "t")
+    assert backend.lost == [abandoned.run_id]
+    assert abandoned.scheduled_at not in ran  # never started
+    assert abandoned.started_at is None
+    assert abandoned.detail is not None
+    assert "before it started" in abandoned.detail
+    assert succeeded.scheduled_at > abandoned.scheduled_at  # the next tick runs as usual

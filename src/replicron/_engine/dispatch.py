@@ -28,7 +28,8 @@ __all__ = ["ConcurrencyMode", "Dispatcher", "TickAction"]
 _DEBUG, _INFO = logging.DEBUG, logging.INFO
 ConcurrencyMode = Literal["queue", "skip"]
 #: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
-TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue"]
+#: "abandon": claimed ahead, and its lock or lease was lost before its instant.
+TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue", "abandon"]
 _NO_LEAD = timedelta(0)
 #: The shortest lead when claiming ahead (seconds), and how many claims' times it follows.
 _MIN_LEAD, _CLAIMS_TIMED = 0.005, 16
@@ -199,11 +200,18 @@ class Dispatcher:
             add_state(state)
         if not requests:
             return
+        lost = self._runs.lost_unstarted
+        lost.clear()
         sent = time.monotonic()
         claims = await self._backend.claim(requests)
         self._claim_times.append(time.monotonic() - sent)
         if self._ahead_limit:
             await self._until(max(tick.scheduled_at for tick in ticks))
+        if lost:  # the lock session or the lease was lost since the claim: run none of them
+            for index, claim in enumerate(claims):
+                if claim.run_id in lost:
+                    unusual[index] = "abandon"
+            lost.clear()
         # Thousands of objects, no longer needed while the runs start: the collector counts
         # them until they go.
         del requests, add_request
@@ -275,6 +283,9 @@ class Dispatcher:
                 _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached across the "
                 "replicas: the job has no more ticks", claim.job, claim.scheduled_at,
             )  # fmt: skip
+        elif action == "abandon":
+            why = "lost its lock with the backend session before it started; not run"
+            record(state, claim, Outcome.ABANDONED, why, unlock=claim.locked)
         elif action == "run":
             self._runs.start(state, claim, now)
         elif action == "skip":

@@ -114,6 +114,8 @@ class RunExecutor:
         self.active: set[Run] = set()
         #: Sync runs started and not yet finished: on a worker thread, or waiting for one.
         self.sync_active = 0
+        #: Run ids whose locks the backend lost since the dispatch under way claimed them.
+        self.lost_unstarted: set[int] = set()
         #: Called on the loop when a sync run finishes (a worker thread is free again).
         self.on_thread_free: Callable[[], None] | None = None
         self._prepared: dict[str, Run] = {}  # job -> its run at the next instant, made ahead
@@ -370,6 +372,9 @@ class RunExecutor:
         """The backend lost these runs' locks: they are no longer protected against overlap,
         so they are told to stop and will be recorded abandoned."""
         lost = set(run_ids)
+        # Runs claimed ahead of their instant and not yet started: the dispatcher records
+        # them abandoned instead of starting them.
+        self.lost_unstarted |= lost
         for run in list(self.active):
             if run.run_id not in lost or run.finished:
                 continue
