@@ -1,8 +1,8 @@
 """A fleet in miniature: replica processes sharing jobs that all fall due together, on one
 PostgreSQL, measured and set against bench/scale_model.py's figures for the same fleet.
 
-    flock /tmp/replicron-bench.lock .venv/bin/python bench/pg_fleet.py  # 12 x 2,000 every 10 s
-    flock /tmp/replicron-bench.lock .venv/bin/python bench/pg_fleet.py --period 60 --bursts 3
+    .venv/bin/python bench/pg_fleet.py  # 12 x 2,000 every 10 s
+    .venv/bin/python bench/pg_fleet.py --period 60 --bursts 3
     .venv/bin/python bench/pg_fleet.py --dsn postgresql://postgres@127.0.0.1/test  # a server
 
 By default it starts a throwaway cluster as bench/pg_scale.py does (bench/_pg_scale_server.py:

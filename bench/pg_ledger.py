@@ -1,7 +1,7 @@
 """The ledger's real costs, measured on a throwaway PostgreSQL cluster: the inputs of
 bench/scale_model.py.
 
-    flock /tmp/replicron-bench.lock .venv/bin/python bench/pg_ledger.py --out ledger.json
+    .venv/bin/python bench/pg_ledger.py --out ledger.json
     .venv/bin/python bench/pg_ledger.py --dsn postgresql://postgres@127.0.0.1/test  # a server
 
 It starts a cluster as bench/pg_scale.py does (bench/_pg_scale_server.py: fsync on,

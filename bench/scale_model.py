@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from replicron._engine.capacity import _hash, claim_margin
 
-#: Costs measured by ``flock /tmp/replicron-bench.lock .venv/bin/python bench/pg_ledger.py``
+#: Costs measured by ``.venv/bin/python bench/pg_ledger.py``
 #: on PostgreSQL 15.20, fsync on, a 2-core VM: server CPU (us) and WAL (bytes) per statement
 #: and per tick; wall round trips on loopback (ms per statement, us per tick); the backend's
 #: own CPU in this process (us per statement, per tick).
