@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+
+from _pg_scale_replica import stop_requested
+from _replicron_counting import Counting
 
 import replicron
 from replicron.postgres import PostgresBackend
@@ -38,42 +38,6 @@ def task(index: int) -> None:
     started = time.time()
     SAMPLES.append((index, replicron.current_run().scheduled_at.timestamp(), started))
     time.sleep(TASK_SECONDS)
-
-
-class Counting(replicron.Listener):
-    """Events per tick (Unix seconds); runs on the scheduler's loop."""
-
-    def __init__(self) -> None:
-        self.taken: Counter[float] = Counter()
-        self.missed: Counter[float] = Counter()
-        self.skipped: Counter[float] = Counter()
-        self.lock_errors = 0
-
-    def on_taken(self, event: replicron.RunEvent) -> None:
-        self.taken[event.scheduled_at.timestamp()] += 1
-
-    def on_missed(self, event: replicron.RunEvent) -> None:
-        self.missed[event.scheduled_at.timestamp()] += 1
-
-    def on_skipped(self, event: replicron.RunEvent) -> None:
-        self.skipped[event.scheduled_at.timestamp()] += 1
-
-    def on_lock_error(self, event: replicron.RunEvent) -> None:
-        self.lock_errors += 1
-
-
-def stop_requested() -> threading.Event:
-    """Set on a line on stdin, at its end, or on SIGTERM."""
-    stop = threading.Event()
-
-    def watch_stdin() -> None:
-        sys.stdin.readline()
-        stop.set()
-
-    threading.Thread(target=watch_stdin, name="stdin-watch", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    return stop
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -112,10 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "start_s": start_s,
         "shutdown_s": time.monotonic() - began,
         "samples": SAMPLES,
-        "taken": sorted(counting.taken.items()),
-        "missed": sorted(counting.missed.items()),
-        "skipped": sorted(counting.skipped.items()),
-        "lock_errors": counting.lock_errors,
+        **counting.counts(),
     }
     args.out.write_text(json.dumps(result, separators=(",", ":")))
     print("stopped", flush=True)

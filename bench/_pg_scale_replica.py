@@ -33,7 +33,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,31 +117,12 @@ def job(index: int) -> str:
 
 def run_replicron(args: argparse.Namespace, stop: threading.Event) -> dict[str, Any]:
     global CURRENT_RUN
+    from _replicron_counting import Counting
+
     import replicron
     from replicron.postgres import PostgresBackend
 
     CURRENT_RUN = replicron.current_run
-
-    class Counting(replicron.Listener):
-        """Counts events per tick (Unix seconds); runs on the scheduler's loop."""
-
-        def __init__(self) -> None:
-            self.taken: Counter[float] = Counter()
-            self.missed: Counter[float] = Counter()
-            self.skipped: Counter[float] = Counter()
-            self.lock_errors = 0
-
-        def on_taken(self, event: replicron.RunEvent) -> None:
-            self.taken[event.scheduled_at.timestamp()] += 1
-
-        def on_missed(self, event: replicron.RunEvent) -> None:
-            self.missed[event.scheduled_at.timestamp()] += 1
-
-        def on_skipped(self, event: replicron.RunEvent) -> None:
-            self.skipped[event.scheduled_at.timestamp()] += 1
-
-        def on_lock_error(self, event: replicron.RunEvent) -> None:
-            self.lock_errors += 1
 
     counting = Counting()
     began = time.monotonic()
@@ -167,10 +147,7 @@ def run_replicron(args: argparse.Namespace, stop: threading.Event) -> dict[str, 
         "workers": workers,
         "start_s": started_s,
         "shutdown_s": time.monotonic() - began,
-        "taken": sorted(counting.taken.items()),
-        "missed": sorted(counting.missed.items()),
-        "skipped": sorted(counting.skipped.items()),
-        "lock_errors": counting.lock_errors,
+        **counting.counts(),
     }
 
 
