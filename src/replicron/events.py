@@ -24,6 +24,8 @@ class Outcome(enum.StrEnum):
     MISSED = "missed"
     #: The run was cut off: its replica lost its lock or stopped before the run returned.
     ABANDONED = "abandoned"
+    #: Not run: the job was paused across the cluster (``Job.pause``, ``replicron pause``).
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,8 @@ class Listener:
         the thread may go on; its overrun is logged when it returns)."""
 
     def on_skipped(self, event: RunEvent) -> Any:
-        """A tick was not run because of the overlap policy or the concurrency limit."""
+        """A tick was not run because of the overlap policy, the concurrency limit, or
+        because the job is paused (``event.outcome`` says which)."""
 
     def on_missed(self, event: RunEvent) -> Any:
         """A tick was not run: coalesced into a later one, or dropped at shutdown."""

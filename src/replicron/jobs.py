@@ -23,6 +23,10 @@ class JobControl(Protocol):
 
     def run_now(self, name: str, /) -> None: ...
 
+    def pause(self, name: str, /) -> bool: ...
+
+    def resume(self, name: str, run_now: bool = False, /) -> bool: ...
+
     def update_job(
         self, name: str, trigger: Trigger | None, options: dict[str, Any], /
     ) -> None: ...
@@ -67,6 +71,18 @@ class Job:
     def run_now(self) -> None:
         """Run the job once now (an extra tick at the current time), besides its schedule."""
         self._engine.run_now(self.name)
+
+    def pause(self) -> bool:
+        """Pause the job on every replica sharing the backend: from each replica's next
+        claim, its ticks are recorded ``paused`` and none runs (a manual ``run_now`` still
+        runs). Returns False if it was paused already. Blocks for one backend round trip."""
+        return self._engine.pause(self.name)
+
+    def resume(self, run_now: bool = False) -> bool:
+        """Resume the paused job on every replica from its next tick; the ticks paused meanwhile
+        are not replayed, unless ``run_now`` asks for one run at once in their place. Returns
+        False if it was not paused."""
+        return self._engine.resume(self.name, run_now)
 
     def update(self, trigger: Trigger | None = None, **options: Any) -> Job:
         """Change the trigger and/or options (same names as ``add_job``); validated like a

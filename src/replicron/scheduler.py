@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._engine.cluster_calls import call_backend
 from ._engine.engine import ConcurrencyMode, Engine
 from ._engine.planner import CatchUp, OverlapPolicy
 from ._engine.spec import build_job_spec
@@ -20,7 +21,8 @@ from ._schedule.tz import UTC, resolve_zone
 from .backends.base import Backend
 from .backends.memory import MemoryBackend
 from .clock import Clock, SystemClock
-from .errors import InvalidJobOptionError, SchedulerClosedError
+from .cluster import ClusterStatus
+from .errors import ConfigurationError, InvalidJobOptionError, SchedulerClosedError
 from .events import Listener
 from .jobs import Job
 from .triggers import Trigger
@@ -42,6 +44,17 @@ def _check_listener(listener: object) -> Listener:
             f"listeners must be replicron.Listener instances, not {listener!r}"
         )
     return listener
+
+
+async def _status_of(backend: object) -> ClusterStatus:
+    read = getattr(backend, "cluster_status", None)
+    if read is None:
+        raise ConfigurationError(
+            f"{type(backend).__name__} keeps no cluster registry: cluster_status needs "
+            "MemoryBackend, EmbeddedBackend or PostgresBackend"
+        )
+    status: ClusterStatus = await read()
+    return status
 
 
 def default_replica_id() -> str:
@@ -191,6 +204,32 @@ class _JobsAPI:
         """Remove every job with ``tag``; returns their names."""
         return self._engine.registry.remove_by_tag(tag)
 
+    @property
+    def backend(self) -> Backend:
+        """The backend the scheduler coordinates through."""
+        return self._engine.backend
+
+    def pause_job(self, name: str) -> bool:
+        """Pause a job on every replica sharing the backend (see :meth:`Job.pause`)."""
+        return self._engine.registry.pause(name)
+
+    def resume_job(self, name: str, *, run_now: bool = False) -> bool:
+        """Resume a paused job on every replica (see :meth:`Job.resume`)."""
+        return self._engine.registry.resume(name, run_now)
+
+    def watch_cluster(
+        self, callback: Callable[[ClusterStatus | None], None], every: float = 5.0
+    ) -> Callable[[], None]:
+        """Call ``callback`` on the scheduler's loop with the cluster's status, read from the
+        shared backend every ``every`` seconds while the scheduler runs (``None`` when the read
+        failed): for metrics and health checks that must not read the database per request.
+        Returns the function that stops it."""
+        if not math.isfinite(every) or every <= 0:
+            raise InvalidJobOptionError(
+                f"every must be a positive number of seconds, not {every!r}"
+            )
+        return self._engine.cluster.watch(callback, every)
+
     def jobs(self) -> list[Job]:
         registry = self._engine.registry
         return [Job(registry, name) for name in registry.names()]
@@ -209,6 +248,11 @@ class AsyncScheduler(_JobsAPI):
 
     async def start(self) -> None:
         await self._engine.start()
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The cluster as the shared backend sees it: every job's last run and success, what
+        runs now, overdue, paused and drifting jobs, the replicas."""
+        return await _status_of(self._engine.backend)
 
     async def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default
@@ -241,6 +285,12 @@ class Scheduler(_JobsAPI):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._life = threading.Lock()
+
+    def cluster_status(self) -> ClusterStatus:
+        """The cluster as the shared backend sees it (see ``AsyncScheduler.cluster_status``);
+        blocks for one backend round trip."""
+        status: ClusterStatus = call_backend(self._engine.backend, "cluster_status")
+        return status
 
     def start(self) -> None:
         with self._life:

@@ -492,7 +492,7 @@ def test_release_records_the_outcome(backends: Backends) -> None:
         # An open claim has no outcome yet.
         assert (await claim(a, "report", 20, lock=False)).status is CLAIMED
         assert backends.recorded("report") == expected
-        assert len(expected) == 7
+        assert len(expected) == len(Outcome)
         assert await last_tick(b, "report") == tick(20)
 
     backends.run(main())

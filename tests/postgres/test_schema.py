@@ -116,8 +116,12 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
 
         expected = catalog(migrated)
         assert [name for name, *_ in expected["relations"]] == [
+            "replicron_jobs",
+            "replicron_jobs_pkey",
             "replicron_migrations",
             "replicron_migrations_pkey",
+            "replicron_paused",
+            "replicron_paused_pkey",
             "replicron_pruned_runs",
             "replicron_pruned_runs_pkey",
             "replicron_replicas",

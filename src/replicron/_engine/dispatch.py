@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
-from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus
+from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
 from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
@@ -277,6 +277,12 @@ class Dispatcher:
                 claim.job, claim.scheduled_at,
             )  # fmt: skip
             self._retries.early(Tick(claim.job, claim.scheduled_at), now)
+        elif status is ClaimStatus.PAUSED:  # recorded by the claim: only told here
+            paused = RunRecord(
+                claim.job, claim.scheduled_at, Outcome.PAUSED, self._observer.replica_id,
+                claim.run_id, None, None, "the job is paused", claim.manual,
+            )  # fmt: skip
+            self._recorder.report(paused, state, detail="the job is paused")
         elif status is ClaimStatus.EXHAUSTED:
             self._registry.retire(claim.job)
             self._observer.log(

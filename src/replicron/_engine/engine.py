@@ -29,6 +29,7 @@ from replicron.context import _current
 from replicron.events import Listener
 
 from .background import Background
+from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
 from .lifecycle import Lifecycle
 from .observe import Observer
@@ -87,7 +88,7 @@ class Engine:
         self.observer = Observer(logger, replica_id, listeners, self._background.spawn)
         self.registry = JobRegistry(
             clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke,
-            changed=self._job_changed,
+            changed=self._job_changed, replica_id=replica_id,
         )  # fmt: skip
         self._recorder = Recorder(
             backend=backend, registry=self.registry, observer=self.observer,
@@ -114,6 +115,7 @@ class Engine:
             backend=backend, registry=self.registry, recorder=self._recorder,
             retries=self._retries, observer=self.observer,
         )  # fmt: skip
+        self.cluster = ClusterWatch(backend, self.registry, self.observer)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._poke_pending = False
@@ -142,6 +144,7 @@ class Engine:
         self._runs.open(loop)
         self.life.phase = "running"
         self.registry.start()
+        await self.cluster.start()
         self._main = loop.create_task(self._run_loop(), name="replicron-engine")
         jobs = len(self.registry)
         self.observer.log(_INFO, "scheduler_started", f"scheduler started ({jobs} jobs)")
@@ -177,6 +180,7 @@ class Engine:
             self._prepare_handle.cancel()
             self._prepare_handle = None
         self._dispatcher.drop_waiting()
+        await self.cluster.stop()
         for job, asked_at in self.registry.drop_manual():
             self.observer.log(
                 _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
@@ -352,6 +356,9 @@ class Engine:
         """A job was added, updated or removed (any thread): told to the listeners on the
         loop, while the scheduler runs."""
         loop = self._loop
+        if loop is not None and self.life.running and self.cluster.supported:
+            with contextlib.suppress(RuntimeError):  # loop closed in between
+                loop.call_soon_threadsafe(self.cluster.job_changed, hook, name)
         if not self.observer.listeners or loop is None or not self.life.running:
             return  # (jobs added in bulk with no listener must not wake the loop each time)
         with contextlib.suppress(RuntimeError):  # loop closed in between

@@ -51,7 +51,9 @@ class Observer:
             "replica": self.replica_id,
             "run_id": run_id,
         }
-        where = f"job {job!r} tick {extra['tick']}: " if job is not None else ""
+        where = "" if job is None else f"job {job!r}: "
+        if job is not None and tick is not None:
+            where = f"job {job!r} tick {extra['tick']}: "
         self.logger.log(level, "%s%s", where, message, extra=extra, exc_info=exc_info)
 
     def add(self, listener: Listener) -> None:

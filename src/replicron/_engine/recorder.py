@@ -26,6 +26,7 @@ _LOG_LEVEL = {
     Outcome.SKIPPED_LIMIT: _WARNING,
     Outcome.MISSED: _WARNING,
     Outcome.ABANDONED: _WARNING,
+    Outcome.PAUSED: _DEBUG,  # every tick of a paused job: it was paused on purpose
 }
 _LISTENER_HOOK = {
     Outcome.SUCCEEDED: "after_success",
@@ -35,6 +36,7 @@ _LISTENER_HOOK = {
     Outcome.SKIPPED_LIMIT: "on_skipped",
     Outcome.MISSED: "on_missed",
     Outcome.ABANDONED: "on_abandoned",
+    Outcome.PAUSED: "on_skipped",
 }
 #: Called with the jobs whose outcomes were just written (None where the outcome was not a
 #: run's), once they are: what waited for them may start.

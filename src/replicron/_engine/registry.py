@@ -23,6 +23,7 @@ from replicron.errors import (
 from replicron.events import RunEvent
 from replicron.triggers import OneTimeTrigger, Trigger
 
+from .cluster_calls import call_backend
 from .lifecycle import Lifecycle
 from .planner import Decision, Planner, Tick
 from .spec import JobSpec, build_job_spec
@@ -79,8 +80,9 @@ class JobRegistry:
         life: Lifecycle,
         wake: Callable[[], None],
         changed: Callable[[str, str], None] = lambda hook, name: None,
+        replica_id: str = "",
     ) -> None:
-        self.clock, self.timezone = clock, timezone
+        self.clock, self.timezone, self.replica_id = clock, timezone, replica_id
         self._backend, self._life, self._wake = backend, life, wake
         self._changed = changed  # (listener hook, job name), after a change while running
         self._lock = threading.RLock()
@@ -175,6 +177,19 @@ class JobRegistry:
             if packed is None:
                 return None
             return event_of(unpack_record(packed), state.last_error, state.last_detail)
+
+    def pause(self, name: str) -> bool:
+        """Pause the job across the cluster (see ``Job.pause``)."""
+        self._state_of(name)
+        return bool(call_backend(self._backend, "pause", name, self.replica_id))
+
+    def resume(self, name: str, run_now: bool = False) -> bool:
+        """Resume the job across the cluster (see ``Job.resume``)."""
+        self._state_of(name)
+        resumed = bool(call_backend(self._backend, "resume", name))
+        if run_now:
+            self.run_now(name)
+        return resumed
 
     def run_now(self, name: str) -> None:
         self._life.check_usable()

@@ -60,6 +60,9 @@ class ClaimStatus(enum.Enum):
     #: The job has started ``max_runs`` scheduled runs across every replica sharing the
     #: backend: its limited runs are over, it has no more ticks. Nothing was recorded.
     EXHAUSTED = "exhausted"
+    #: The job is paused across the cluster: the tick is ours and was recorded ``paused``
+    #: by the claim itself. Nothing runs.
+    PAUSED = "paused"
 
 
 # Named tuples, not dataclasses: the engine makes several of these per run, and a frozen

@@ -37,11 +37,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicron._schedule.tz import from_micros, to_micros
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, now_us, process_start
+from ._sqlite_cluster import (
+    announce,
+    paused_jobs,
+    read_cluster,
+    register_replica,
+    replica_stopped,
+    set_paused,
+)
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
 from .base import (
     Claim,
@@ -76,6 +85,7 @@ _process_guard = threading.Lock()
 
 #: Why a tick refused the job's lock is recorded skipped_overlap by the claim itself.
 _REFUSED = "the job's lock is held by another run"
+_PAUSED = "the job is paused"
 
 
 class EmbeddedBackend:
@@ -195,6 +205,44 @@ class EmbeddedBackend:
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         return await self._call(self._last_ticks, jobs) if jobs else {}
 
+    # ---- the cluster's registry, pauses and status -------------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed) to the registry; returns the
+        registrations of its jobs by live replicas that define them differently."""
+        return await self._call(self._announce, definitions, removed)
+
+    def _announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+    ) -> list[Registration]:
+        with self._require().write() as conn:
+            return announce(conn, self.replica_id, definitions, removed)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The jobs, pauses and replicas of the state directory (a connection of its own:
+        callable from any event loop, open or not)."""
+        return await asyncio.to_thread(self._with_ledger, read_cluster)
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` for every replica of the state directory, from each one's next
+        claim; False if it was paused already."""
+        return await asyncio.to_thread(self._with_ledger, set_paused, job, True, by)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
+
+    def _with_ledger(self, work: Callable[..., _T], *args: Any) -> _T:
+        if not self.ledger_path.is_file():
+            raise StateDirError(self.state_dir, "has no replicron ledger: no replica used it yet")
+        ledger = Ledger(self.ledger_path, self.busy_timeout)
+        try:
+            return work(ledger, *args)
+        finally:
+            ledger.close()
+
     async def _call(
         self, work: Callable[..., _T], *args: Any, give_back: Callable[[_T], None] | None = None
     ) -> _T:
@@ -234,6 +282,8 @@ class EmbeddedBackend:
         try:
             prepare_locks_dir(directory / LOCKS_DIR)
             self._janitor(ledger)
+            with ledger.write() as conn:
+                register_replica(conn, replica_id, self._pid, self._pid_start)
         except sqlite3.Error as exc:
             ledger.close()
             raise StateDirError(ledger.path, f"cannot be updated: {exc}") from exc
@@ -247,6 +297,9 @@ class EmbeddedBackend:
     def _close_ledger(self) -> None:
         ledger, self._ledger = self._ledger, None
         try:
+            if ledger is not None:
+                with ledger.write() as conn:  # gone for the others now, not with the process
+                    replica_stopped(conn, self.replica_id)
             if ledger is not None and self._open:
                 # Ticks we claimed and never recorded (close without the engine's shutdown):
                 # nobody else could tell that they ended while this process lives on.
@@ -276,9 +329,11 @@ class EmbeddedBackend:
         won: dict[tuple[str, int], tuple[int | None, bool | None]] = {}
         taken: list[int] = []  # lock keys this call took
         exhausted: set[str] = set()  # jobs whose max_runs are used up
+        held: set[tuple[str, int]] = set()  # ticks of paused jobs: recorded paused
         try:
             with ledger.write() as conn:
                 inserted = []
+                paused = paused_jobs(conn)  # in the claim's transaction: never a race
                 for request in unique:
                     job, tick, limit = request.job, to_micros(request.scheduled_at), None
                     if request.max_runs is not None and not request.manual:
@@ -290,7 +345,11 @@ class EmbeddedBackend:
                         conn, job, tick, request.manual, self.replica_id, self._pid,
                         self._pid_start,
                     )  # fmt: skip
-                    if run_id is not None:
+                    if run_id is not None and job in paused and not request.manual:
+                        Ledger.record(conn, job, tick, "paused", None, None, _PAUSED)
+                        won[job, tick] = (run_id, None)
+                        held.add((job, tick))
+                    elif run_id is not None:
                         inserted.append((job, tick, request.lock, run_id))
                 tried: set[str] = set()
                 # The lock goes to the earliest tick of a job; its other ticks are LOCKED.
@@ -317,11 +376,13 @@ class EmbeddedBackend:
             for key in taken:
                 self._unlock(key)
             raise
-        self._open.update(won)
+        self._open.update(won.keys() - held)
         answers = []
         for job, at, _, manual, limit in unique:
             run_id, locked = won.get((job, to_micros(at)), (None, None))
-            if run_id is not None:
+            if run_id is not None and (job, to_micros(at)) in held:
+                answers.append(Claim(job, at, ClaimStatus.PAUSED, run_id, False, manual))
+            elif run_id is not None:
                 answers.append(Claim(job, at, ClaimStatus.CLAIMED, run_id, bool(locked), manual))
             elif limit is not None and not manual and job in exhausted:
                 answers.append(Claim(job, at, ClaimStatus.EXHAUSTED, None, False))

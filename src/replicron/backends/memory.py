@@ -13,8 +13,17 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
+from replicron.cluster import (
+    ClusterStatus,
+    JobDefinition,
+    JobStatus,
+    Pause,
+    Registration,
+    ReplicaStatus,
+    build_status,
+)
 from replicron.events import Outcome
 
 from .base import (
@@ -41,9 +50,11 @@ TICKS_KEPT = 1024
 #: does not track them).
 HISTORY_KEPT = 16
 _CLAIMED, _TAKEN, _LOCKED = ClaimStatus.CLAIMED, ClaimStatus.TAKEN, ClaimStatus.LOCKED
-_EXHAUSTED = ClaimStatus.EXHAUSTED
+_EXHAUSTED, _PAUSED = ClaimStatus.EXHAUSTED, ClaimStatus.PAUSED
 #: Outcomes of a claimed tick that did not run: it does not count against ``max_runs``.
-_NOT_RUN = frozenset({Outcome.MISSED, Outcome.SKIPPED_OVERLAP, Outcome.SKIPPED_LIMIT})
+_NOT_RUN = frozenset(
+    {Outcome.MISSED, Outcome.SKIPPED_OVERLAP, Outcome.SKIPPED_LIMIT, Outcome.PAUSED}
+)
 #: Named tuples built from a tuple of their fields without a Python-level call.
 _new = tuple.__new__
 
@@ -71,6 +82,12 @@ class MemoryState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.jobs: dict[str, _JobState] = {}
+        #: Jobs paused across the handles: their ticks are recorded paused, none runs.
+        self.paused: dict[str, Pause] = {}
+        #: (job, replica id) -> what that handle's scheduler announced of the job.
+        self.registry: dict[tuple[str, str], tuple[JobDefinition, datetime]] = {}
+        #: Handles open now, with when they opened.
+        self.replicas: dict[str, datetime] = {}
 
     def job(self, name: str) -> _JobState:
         state = self.jobs.get(name)
@@ -110,9 +127,12 @@ class MemoryBackend:
         self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None] | None = None
     ) -> None:
         self.replica_id = replica_id
+        with self.state.lock:
+            self.state.replicas[replica_id] = datetime.now(UTC)
 
     async def close(self) -> None:
         with self.state.lock:
+            self.state.replicas.pop(self.replica_id, None)
             for job in self.state.jobs.values():
                 if job.lock_replica == self.replica_id:
                     job.lock_replica = job.lock_run_id = None
@@ -123,7 +143,7 @@ class MemoryBackend:
         # timestamp is worked out once.
         claims: list[Claim] = []
         add, take, replica, state = claims.append, self._take_tick, self.replica_id, self.state
-        jobs, new_job = state.jobs, state.job
+        jobs, new_job, paused = state.jobs, state.job, state.paused
         last_tick: datetime | None = None
         key = 0.0
         with state.lock:
@@ -140,6 +160,15 @@ class MemoryBackend:
                     job.last_tick = tick
                 elif not take(job, tick, key, manual):
                     add(_new(Claim, (name, tick, _TAKEN, None, False, manual)))
+                    continue
+                if paused and name in paused and not manual:
+                    job.last_run_id = run_id = job.last_run_id + 1
+                    record = RunRecord(
+                        name, tick, Outcome.PAUSED, replica, run_id, None, None,
+                        "the job is paused",
+                    )  # fmt: skip
+                    job.history.append(pack_record(record))
+                    add(_new(Claim, (name, tick, _PAUSED, run_id, False, manual)))
                     continue
                 if lock and job.lock_replica is not None:
                     add(_new(Claim, (name, tick, _LOCKED, None, False, manual)))
@@ -221,3 +250,87 @@ class MemoryBackend:
                 name: self.state.jobs[name].last_tick for name in jobs if name in self.state.jobs
             }
         return {name: tick for name, tick in found.items() if tick is not None}
+
+    # ---- the cluster's registry, pauses and status --------------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+    ) -> list[Registration]:
+        """Note what this replica schedules; returns the registrations of its jobs by live
+        handles that differ from its own (drift)."""
+        now = datetime.now(UTC)
+        replica, state = self.replica_id, self.state
+        with state.lock:
+            for definition in definitions:
+                state.registry[definition.job, replica] = (definition, now)
+            for name in removed:
+                state.registry.pop((name, replica), None)
+            mine = {job: d.fingerprint for (job, who), (d, _) in state.registry.items()
+                    if who == replica}  # fmt: skip
+            return [
+                _registration(d, who, seen, True)
+                for (job, who), (d, seen) in state.registry.items()
+                if who != replica and who in state.replicas and job in mine
+                and d.fingerprint != mine[job]
+            ]  # fmt: skip
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` for every handle; False if it was paused already."""
+        with self.state.lock:
+            if job in self.state.paused:
+                return False
+            self.state.paused[job] = Pause(job, datetime.now(UTC), by)
+            return True
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        with self.state.lock:
+            return self.state.paused.pop(job, None) is not None
+
+    async def cluster_status(self) -> ClusterStatus:
+        now = datetime.now(UTC)
+        state = self.state
+        with state.lock:
+            ledger = [_job_status(name, job) for name, job in state.jobs.items()]
+            registrations = [
+                _registration(d, who, seen, who in state.replicas)
+                for (_, who), (d, seen) in state.registry.items()
+            ]
+            replicas = [
+                ReplicaStatus(who, None, None, started, now, True)
+                for who, started in state.replicas.items()
+            ]
+            pauses = list(state.paused.values())
+        return build_status("", now, ledger, registrations, pauses, replicas)
+
+
+def _registration(
+    definition: JobDefinition, replica: str, seen: datetime, alive: bool
+) -> Registration:
+    d = definition
+    return Registration(d.job, replica, d.trigger, d.fingerprint, d.grace, d.expected, seen, alive)
+
+
+def _job_status(name: str, job: _JobState) -> JobStatus:
+    """What the kept history tells of ``job`` (the last HISTORY_KEPT outcomes)."""
+    history = [unpack_record(packed) for packed in job.history]
+    last = max(history, key=lambda r: r.scheduled_at, default=None)
+    successes = [r.finished_at for r in history
+                 if r.outcome is Outcome.SUCCEEDED and r.finished_at is not None]  # fmt: skip
+    running: tuple[tuple[str, int], ...] = ()
+    if job.lock_replica is not None and job.lock_run_id is not None:
+        running = ((job.lock_replica, job.lock_run_id),)
+    return JobStatus(
+        name,
+        last.replica_id if last else None,
+        last.scheduled_at if last else None,
+        last.started_at if last else None,
+        last.finished_at if last else None,
+        last.outcome.value if last else None,
+        last.error if last else None,
+        max(successes, default=None),
+        running,
+        sum(r.outcome is Outcome.MISSED for r in history),
+        (),
+        job.last_tick,
+    )

@@ -34,9 +34,17 @@ from replicron.backends.base import (
     taken_repeat,
     unrecorded_repeat,
 )
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
+from ._cluster import (
+    announce_params,
+    read_cluster,
+    read_namespaces,
+    registration,
+    set_paused,
+)
 from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._session import BackendUnavailableError, LockSession, TransactionPoolerError
@@ -63,6 +71,7 @@ _STATUS = {
     "locked": ClaimStatus.LOCKED,
     "early": ClaimStatus.EARLY,
     "exhausted": ClaimStatus.EXHAUSTED,
+    "paused": ClaimStatus.PAUSED,
 }
 
 
@@ -189,6 +198,12 @@ class PostgresBackend:
         if (self._unwritten or self._tokens) and not self._unreachable():
             with contextlib.suppress(Exception):  # one last try, bounded: shutdown goes on
                 await asyncio.wait_for(self._last_writes(), self.statement_timeout)
+        if self._session is not None and not self._unreachable():
+            with contextlib.suppress(Exception):  # bounded, and shutdown goes on regardless
+                await asyncio.wait_for(
+                    self._fetch("replica_stopped", replica=self.replica_id),
+                    self.statement_timeout,
+                )
         for release in self._unwritten:
             log_unwritten(release.record, self.replica_id)
         self._unwritten.clear()
@@ -235,7 +250,7 @@ class PostgresBackend:
                     await self._blocked_by_frozen(job, blocker, holder)
                 answers.append(Claim(job, tick, ClaimStatus.LOCKED, None, False, request.manual))
                 continue
-            if run_id is not None:
+            if run_id is not None and status != "paused":  # a paused tick is closed already
                 self._open.add(run_id)
             if status == "locked_claimed":
                 self._held[self.lock_key(job)] = run_id
@@ -407,12 +422,41 @@ class PostgresBackend:
 
     async def namespaces(self) -> dict[str, int]:
         """Every namespace with recorded runs in this database, and its number of rows."""
-        rows: list[tuple[str, int]] = await self._fetch("namespaces")
-        return dict(rows)
+        return await read_namespaces(self.conninfo, self.connect_timeout)
 
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
         return [replica_status(row) for row in rows]
+
+    # ---- the cluster's registry and pauses ----------------------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed) to the registry; returns the
+        registrations of its jobs by live replicas that define them differently."""
+        rows = await self._fetch(
+            "announce", retry=True, replica=self.replica_id,
+            stale_after=timedelta(seconds=self.stale_after),
+            **announce_params(definitions, removed),
+        )  # fmt: skip
+        return [registration(row) for row in rows]
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The namespace's jobs, pauses and replicas as the database has them (a short
+        connection of its own: callable from any event loop, open or not)."""
+        return await read_cluster(
+            self.conninfo, self.namespace, self.stale_after, self.connect_timeout
+        )
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` on every replica of the namespace, from each one's next claim;
+        False if it was paused already."""
+        return await set_paused(self.conninfo, self.namespace, job, True, by, self.connect_timeout)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
 
     async def _housekeep(self) -> None:
         """Heartbeat (open ticks, our locks, the clock offset, unwritten outcomes); now and
@@ -487,6 +531,7 @@ class PostgresBackend:
                        "replica": self.replica_id},
             )  # fmt: skip
         await self._fetch("prune", retention=self.retention, batch=1000)
+        await self._fetch("prune_registry", retention=self.retention)
 
     async def _blocked_by_frozen(self, job: str, replica: str | None, pid: int) -> None:
         """The job's lock is held by a session whose run stopped heartbeating: its replica is

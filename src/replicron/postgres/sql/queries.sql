@@ -37,13 +37,24 @@ WITH request AS MATERIALIZED (
     SELECT (pg_backend_pid() = %(pid)s
             AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
            clock_timestamp() + %(ahead)s::interval AS claimable_until
+), paused AS MATERIALIZED (
+    -- Read in the claim itself: a pause committed before it is honoured by it.
+    SELECT job FROM replicron_paused
+    WHERE namespace = %(namespace)s AND job IN (SELECT job FROM request WHERE NOT manual)
 ), inserted AS (
+    -- A tick of a paused job is claimed like any other, and recorded paused at once.
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at, claim_token,
-         lock_key, backend_pid, manual)
-    SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(),
-           CASE WHEN want_lock THEN now() END, token, lock_key, pg_backend_pid(), manual
-    FROM request, session
+         lock_key, backend_pid, manual, outcome, finished_at, error)
+    SELECT %(namespace)s, job, scheduled_at, %(replica)s,
+           CASE WHEN NOT held.paused THEN now() END,
+           CASE WHEN want_lock AND NOT held.paused THEN now() END, token, lock_key,
+           pg_backend_pid(), manual, CASE WHEN held.paused THEN 'paused' END,
+           CASE WHEN held.paused THEN now() END,
+           CASE WHEN held.paused THEN 'the job is paused' END
+    FROM request CROSS JOIN session
+        CROSS JOIN LATERAL (SELECT NOT request.manual
+                                   AND request.job IN (SELECT job FROM paused) AS paused) AS held
     WHERE session.ours
       AND (request.manual OR request.scheduled_at <= session.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
@@ -52,7 +63,7 @@ WITH request AS MATERIALIZED (
     -- uncommitted row of the same tick, and two claims waiting on each other deadlock.
     ORDER BY request.job, request.scheduled_at
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
-    RETURNING run_id, job, scheduled_at
+    RETURNING run_id, job, scheduled_at, outcome IS NOT DISTINCT FROM 'paused' AS paused
 ), earlier AS (
     -- Its heartbeat is stamped anew: the run starts now, and its lease with this statement.
     UPDATE replicron_runs run
@@ -69,10 +80,11 @@ WITH request AS MATERIALIZED (
         WHERE (SELECT ours FROM session)
     ) AS again
     WHERE run.run_id = again.run_id
-    RETURNING run.run_id, run.job, run.scheduled_at
+    RETURNING run.run_id, run.job, run.scheduled_at, false AS paused
 ), won AS MATERIALIZED (
-    SELECT mine.run_id, mine.job, mine.scheduled_at, request.lock_key, request.want_lock,
-           row_number() OVER (PARTITION BY mine.job, request.want_lock
+    SELECT mine.run_id, mine.job, mine.scheduled_at, mine.paused, request.lock_key,
+           request.want_lock AND NOT mine.paused AS want_lock,
+           row_number() OVER (PARTITION BY mine.job, request.want_lock AND NOT mine.paused
                               ORDER BY mine.scheduled_at) AS nth
     FROM (SELECT * FROM inserted UNION ALL SELECT * FROM earlier) AS mine
         JOIN request USING (job, scheduled_at)
@@ -85,6 +97,7 @@ WITH request AS MATERIALIZED (
                WHEN won.run_id IS NULL AND request.max_runs IS NOT NULL AND NOT request.manual
                     AND request.job IN (SELECT job FROM exhausted) THEN 'exhausted'
                WHEN won.run_id IS NULL THEN 'taken'
+               WHEN won.paused THEN 'paused'
                WHEN NOT won.want_lock THEN 'claimed'
                WHEN won.nth > 1 THEN 'locked'
                WHEN NOT pg_try_advisory_lock(won.lock_key) THEN 'locked'
@@ -283,7 +296,7 @@ WITH refreshed AS (
     VALUES (%(namespace)s, %(replica)s, pg_backend_pid(), %(offset_ms)s, now())
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
-        last_seen = excluded.last_seen
+        last_seen = excluded.last_seen, stopped_at = NULL
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -293,7 +306,7 @@ SELECT (pg_backend_pid() = %(pid)s
              FROM pg_locks
              WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held,
        ARRAY(SELECT replica_id FROM replicron_replicas
-             WHERE namespace = %(namespace)s
+             WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - %(stale_after)s::interval) AS peers;
 
 -- name: clock_sample
@@ -373,8 +386,8 @@ WITH deleted AS (
 SELECT count(*) FROM deleted;
 
 -- name: status
--- Per job: the latest finished run, the latest success, open runs, the number of misses and
--- the open runs whose heartbeat is stale.
+-- Per job: the latest finished run, the latest success, open runs, the number of misses,
+-- the open runs whose heartbeat is stale, and the latest tick with a row.
 SELECT job,
        (array_agg(replica_id ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
            AS last_replica,
@@ -396,7 +409,8 @@ SELECT job,
        coalesce(array_agg(replica_id || ' ' || run_id ORDER BY run_id)
                 FILTER (WHERE outcome IS NULL AND started_at IS NOT NULL
                           AND heartbeat_at <= now() - %(stale_after)s::interval), '{}')
-           AS stale_running
+           AS stale_running,
+       max(scheduled_at) FILTER (WHERE NOT manual) AS last_tick
 FROM replicron_runs
 WHERE namespace = %(namespace)s
 GROUP BY job
@@ -405,7 +419,7 @@ ORDER BY job;
 -- name: replicas
 -- Replicas of the namespace: when each was last seen and its clock's offset.
 SELECT replica_id, backend_pid, clock_offset_ms, started_at, last_seen,
-       last_seen > now() - %(stale_after)s::interval AS alive
+       stopped_at IS NULL AND last_seen > now() - %(stale_after)s::interval AS alive
 FROM replicron_replicas
 WHERE namespace = %(namespace)s
 ORDER BY replica_id;
@@ -413,3 +427,85 @@ ORDER BY replica_id;
 -- name: namespaces
 -- Every namespace with recorded runs, and how many (for a status of an empty namespace).
 SELECT namespace, count(*) FROM replicron_runs GROUP BY namespace ORDER BY namespace;
+
+-- name: announce
+-- The jobs this replica schedules, as they changed (written, or removed), into the cluster's
+-- registry; returns the registrations by live replicas of this replica's jobs whose
+-- definitions differ from its own (drift).
+WITH definition AS MATERIALIZED (
+    SELECT *
+    FROM unnest(%(jobs)s::text[], %(triggers)s::text[], %(fingerprints)s::text[],
+                %(graces)s::interval[], %(expected)s::text[])
+        AS d(job, trigger, fingerprint, grace, expected)
+), written AS (
+    INSERT INTO replicron_jobs AS r
+        (namespace, job, replica_id, trigger, fingerprint, grace, expected, last_seen)
+    SELECT %(namespace)s, job, %(replica)s, trigger, fingerprint, grace,
+           expected::timestamptz[], now()
+    FROM definition
+    ORDER BY job
+    ON CONFLICT (namespace, job, replica_id) DO UPDATE
+    SET trigger = excluded.trigger, fingerprint = excluded.fingerprint,
+        grace = excluded.grace, expected = excluded.expected, last_seen = excluded.last_seen
+), dropped AS (
+    DELETE FROM replicron_jobs
+    WHERE namespace = %(namespace)s AND replica_id = %(replica)s
+      AND job = ANY(%(removed)s::text[])
+), mine AS MATERIALIZED (
+    SELECT job, fingerprint FROM definition
+    UNION ALL
+    SELECT job, fingerprint FROM replicron_jobs
+    WHERE namespace = %(namespace)s AND replica_id = %(replica)s
+      AND job <> ALL(%(jobs)s::text[]) AND job <> ALL(%(removed)s::text[])
+)
+SELECT other.job, other.replica_id, other.trigger, other.fingerprint, other.grace,
+       other.expected, other.last_seen
+FROM mine
+JOIN replicron_jobs other
+    ON other.namespace = %(namespace)s AND other.job = mine.job
+   AND other.replica_id <> %(replica)s AND other.fingerprint <> mine.fingerprint
+JOIN replicron_replicas seen
+    ON seen.namespace = other.namespace AND seen.replica_id = other.replica_id
+   AND seen.stopped_at IS NULL AND seen.last_seen > now() - %(stale_after)s::interval
+ORDER BY other.job, other.replica_id;
+
+-- name: registrations
+-- The cluster's job registry, each row with whether its replica is alive.
+SELECT job.job, job.replica_id, job.trigger, job.fingerprint, job.grace, job.expected,
+       job.last_seen, coalesce(seen.stopped_at IS NULL
+                               AND seen.last_seen > now() - %(stale_after)s::interval, false)
+FROM replicron_jobs job
+LEFT JOIN replicron_replicas seen USING (namespace, replica_id)
+WHERE job.namespace = %(namespace)s
+ORDER BY job.job, job.replica_id;
+
+-- name: pauses
+SELECT job, paused_at, paused_by FROM replicron_paused
+WHERE namespace = %(namespace)s
+ORDER BY job;
+
+-- name: pause
+-- Pause a job across the cluster; returns a row if it was not paused already.
+INSERT INTO replicron_paused (namespace, job, paused_by)
+VALUES (%(namespace)s, %(job)s, %(by)s)
+ON CONFLICT (namespace, job) DO NOTHING
+RETURNING job;
+
+-- name: resume
+-- Resume a paused job; returns a row if it was paused.
+DELETE FROM replicron_paused
+WHERE namespace = %(namespace)s AND job = %(job)s
+RETURNING job;
+
+-- name: prune_registry
+-- Retention: registrations not rewritten for the retention period (replicas long gone).
+DELETE FROM replicron_jobs
+WHERE namespace = %(namespace)s AND last_seen < now() - %(retention)s::interval;
+
+-- name: replica_stopped
+-- This replica stops: gone for the others at once (peers, status), not in a few heartbeats.
+UPDATE replicron_replicas SET stopped_at = now()
+WHERE namespace = %(namespace)s AND replica_id = %(replica)s;
+
+-- name: database_clock
+SELECT clock_timestamp();

@@ -37,7 +37,8 @@ CREATE TABLE replicron_runs (
     finished_at   timestamptz,
     -- How the tick ended (replicron.events.Outcome); NULL while it is open.
     outcome       text CHECK (outcome IN ('succeeded', 'failed', 'timed_out', 'skipped_overlap',
-                                          'skipped_limit', 'missed', 'abandoned')),
+                                          'skipped_limit', 'missed', 'abandoned',
+                                          'paused')),
     -- What goes with the outcome, if anything: the run's error, or why the tick ended so.
     error         text,
     -- A claim retried on a fresh session (its first reply lost with the old session)
@@ -110,12 +111,47 @@ CREATE TABLE replicron_replicas (
     clock_offset_ms double precision,
     started_at      timestamptz NOT NULL DEFAULT now(),
     last_seen       timestamptz NOT NULL DEFAULT now(),
+    -- When the replica stopped cleanly (NULL while it runs): it is gone at once for the
+    -- others, not only once its heartbeats are stale.
+    stopped_at      timestamptz,
     PRIMARY KEY (namespace, replica_id)
+);
+
+-- The cluster's job registry: one row per job per replica that schedules it. From it, anyone
+-- who reads the database sees which ticks are overdue (an expected tick with no row past its
+-- grace, also with every replica down), replicas that define one job differently (drift),
+-- and what each replica runs.
+CREATE TABLE replicron_jobs (
+    namespace   text        NOT NULL,
+    job         text        NOT NULL,
+    replica_id  text        NOT NULL,
+    -- The trigger as written, e.g. cron('*/5 * * * *', tz='Europe/Kyiv').
+    trigger     text        NOT NULL,
+    -- A digest of the trigger, the job's options and its function: replicas that disagree
+    -- on it run the union of both schedules.
+    fingerprint text        NOT NULL,
+    -- A tick with no row this long after it makes the job overdue.
+    grace       interval    NOT NULL,
+    -- The next ticks the replica expects, ascending (see replicron.cluster.JobDefinition).
+    expected    timestamptz[] NOT NULL,
+    last_seen   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (namespace, job, replica_id)
+);
+
+-- Jobs paused across the cluster: their ticks are claimed as usual, recorded 'paused' by
+-- the claim itself, and none runs.
+CREATE TABLE replicron_paused (
+    namespace text        NOT NULL,
+    job       text        NOT NULL,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    paused_by text        NOT NULL,
+    PRIMARY KEY (namespace, job)
 );
 
 INSERT INTO replicron_migrations (version, name) VALUES
     (1, 'initial'),
     (2, 'claim_tokens_and_replicas'),
-    (3, 'manual_and_limited_runs');
+    (3, 'manual_and_limited_runs'),
+    (4, 'job_registry_and_pauses');
 
 COMMIT;

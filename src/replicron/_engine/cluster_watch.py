@@ -1,0 +1,260 @@
+"""This replica's part in the cluster's job registry, and the cluster's status for whoever
+watches it (metrics, say).
+
+A backend shared by replicas keeps a registry of the jobs each replica schedules (see
+:mod:`replicron.cluster`). The watch writes this replica's definitions there when the
+scheduler starts and whenever one changes: a new job, a changed trigger or options, or the
+next tick the replica expects. It also rereads them now and then, so a job that silently
+stopped running shows as overdue to anyone who reads the database, and it warns once about
+each other replica that registers one of its jobs differently (definition drift: the cluster
+then runs both schedules).
+
+Its cadence is real time, whatever the scheduler's clock: the registry is for operators, and
+a test's fake clock must not see an extra sleeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from replicron.cluster import DEFAULT_OVERDUE_GRACE, ClusterStatus, JobDefinition, Registration
+from replicron.errors import JobNotFoundError
+
+from .observe import Observer
+from .registry import JobRegistry
+from .spec import JobSpec
+
+__all__ = ["ClusterWatch", "definition_of"]
+
+_WARNING = logging.WARNING
+#: Seconds between looks at what changed (next ticks, mostly); a write only if anything did.
+LOOK_EVERY = 10.0
+#: Seconds after which the registry is written (and drift checked) even if nothing changed.
+REWRITE_EVERY = 60.0
+#: Seconds a change waits before it is written, so that jobs added in bulk go in one write.
+SETTLE = 0.5
+#: A job's expected ticks reach this far ahead when written, and are written again when
+#: less than half of it is left: a replica that dies leaves a reader enough to go on.
+HORIZON = timedelta(minutes=2)
+#: Expected ticks written per job at most (beyond them a reader extrapolates).
+MOST_EXPECTED = 100
+#: Seconds the last write may take at shutdown.
+LAST_WRITE = 2.0
+
+StatusCallback = Callable[[ClusterStatus | None], None]
+
+
+class _Registry(Protocol):
+    async def announce(
+        self, definitions: list[JobDefinition], removed: list[str]
+    ) -> list[Registration]: ...
+
+    async def cluster_status(self) -> ClusterStatus: ...
+
+
+def definition_of(spec: JobSpec, expected: tuple[datetime, ...]) -> JobDefinition:
+    """What a replica tells the registry about ``spec``."""
+    return JobDefinition(
+        spec.name, trigger_text(spec), fingerprint_of(spec), _grace(spec), expected
+    )
+
+
+def trigger_text(spec: JobSpec) -> str:
+    """The trigger as a person wrote it: an interval anchored on the job's own name (what
+    ``every`` does by default) says so no more."""
+    text = repr(spec.trigger)
+    anchored = f".for_job({spec.name!r})"
+    return text[: -len(anchored)] if text.endswith(anchored) else text
+
+
+def _grace(spec: JobSpec) -> timedelta:
+    return spec.misfire_grace if spec.misfire_grace is not None else DEFAULT_OVERDUE_GRACE
+
+
+def fingerprint_of(spec: JobSpec) -> str:
+    """A digest of what shapes the job's ticks and runs (not its arguments' values)."""
+    func = spec.func
+    where = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func))}"
+    shape = (
+        repr(spec.trigger), spec.overlap, spec.timeout, spec.start_at, spec.stop_at,
+        spec.max_runs, spec.catch_up, spec.misfire_grace, where, spec.is_async,
+    )  # fmt: skip
+    return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
+
+
+class ClusterWatch:
+    def __init__(self, backend: object, registry: JobRegistry, observer: Observer) -> None:
+        self._backend: _Registry | None = backend if hasattr(backend, "announce") else None  # type: ignore[assignment]
+        self._registry, self._observer = registry, observer
+        self._written: dict[str, JobDefinition] = {}
+        self._fingerprints: dict[str, tuple[JobSpec, str]] = {}
+        self._removed: set[str] = set()
+        self._written_at = 0.0
+        self._drift_seen: set[tuple[str, str, str]] = set()
+        self._watchers: dict[int, tuple[StatusCallback, float]] = {}
+        self._last_read = -math.inf  # never read yet
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+
+    @property
+    def supported(self) -> bool:
+        return self._backend is not None
+
+    async def start(self) -> None:
+        """Write this replica's jobs, then keep them fresh in the background."""
+        if self._backend is None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        try:
+            await self._announce(force=True)
+        except Exception as exc:  # the scheduler runs without it; the loop tries again
+            self._failed("could not write this replica's jobs to the registry", exc)
+        self._task = self._loop.create_task(self._run(), name="replicron-cluster-watch")
+
+    async def stop(self) -> None:
+        """Stop the background writes (the rows stay: with every replica down, they are what
+        tells a reader which ticks are overdue)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        # The ticks expected from now on, as the last word: with nobody left to run them, a
+        # reader sees the job overdue once the next one's grace has passed.
+        try:
+            await asyncio.wait_for(self._announce(force=False), LAST_WRITE)
+        except Exception as exc:
+            self._failed("could not write this replica's jobs to the registry", exc)
+
+    def job_changed(self, hook: str, name: str) -> None:
+        """A job was added, updated or removed (on the loop)."""
+        if hook == "on_job_removed":
+            self._removed.add(name)
+        if self._changed is not None:
+            self._changed.set()
+
+    def watch(self, callback: StatusCallback, every: float) -> Callable[[], None]:
+        """Call ``callback`` (on the loop) with the cluster's status every ``every`` seconds,
+        with ``None`` when it could not be read; returns the function that stops it."""
+        key = id(callback)
+        self._watchers[key] = (callback, every)
+        self._last_read = -math.inf  # never read yet
+        if self._changed is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._changed.set)
+        return lambda: self._watchers.pop(key, None) and None
+
+    async def _run(self) -> None:
+        assert self._changed is not None
+        while True:
+            period = min([LOOK_EVERY, *(every for _, every in self._watchers.values())])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), period)
+                await asyncio.sleep(SETTLE)
+            self._changed.clear()
+            try:
+                await self._announce(force=False)
+            except Exception as exc:
+                self._failed("could not write this replica's jobs to the registry", exc)
+            if self._watchers:
+                await self._read()
+
+    async def _announce(self, *, force: bool) -> None:
+        assert self._backend is not None
+        registry = self._registry
+        now = registry.clock.now()
+        current = {}
+        for state in registry.states():
+            spec = state.spec
+            written = self._written.get(spec.name)
+            fingerprint = self._fingerprint(spec)
+            if (
+                written is not None and written.fingerprint == fingerprint
+                and (not written.expected or written.expected[-1] >= now + HORIZON / 2)
+            ):  # fmt: skip
+                current[spec.name] = written
+                continue
+            try:
+                expected = self._expected(spec.name, now)
+            except JobNotFoundError:  # removed meanwhile
+                continue
+            current[spec.name] = JobDefinition(
+                spec.name, trigger_text(spec), fingerprint, _grace(spec), expected
+            )
+        changed = [d for name, d in current.items() if self._written.get(name) != d]
+        for gone in self._fingerprints.keys() - current.keys():
+            del self._fingerprints[gone]
+        removed = sorted(self._removed - set(current))
+        stale = time.monotonic() - self._written_at >= REWRITE_EVERY
+        if not (changed or removed or force or stale):
+            return
+        if force or stale:
+            changed = list(current.values())  # every row, so last_seen tells it is alive
+        drift = await self._backend.announce(changed, removed)
+        self._written = current
+        self._removed -= set(removed)
+        self._written_at = time.monotonic()
+        self._warn_of(drift, current)
+
+    def _fingerprint(self, spec: JobSpec) -> str:
+        known = self._fingerprints.get(spec.name)
+        if known is None or known[0] is not spec:
+            known = self._fingerprints[spec.name] = (spec, fingerprint_of(spec))
+        return known[1]
+
+    def _expected(self, name: str, now: datetime) -> tuple[datetime, ...]:
+        """The job's next ticks: at least two (if it has them) and those within the
+        horizon, at most MOST_EXPECTED."""
+        count, until = 2, now + HORIZON
+        while True:
+            ticks = self._registry.next_runs(name, count)
+            if len(ticks) < count or ticks[-1] > until or count >= MOST_EXPECTED:
+                break
+            count = min(MOST_EXPECTED, count * 4)
+        return tuple(tick for n, tick in enumerate(ticks) if n < 2 or tick <= until)
+
+    def _warn_of(self, drift: list[Registration], mine: dict[str, JobDefinition]) -> None:
+        for other in drift:
+            key = (other.job, other.replica_id, other.fingerprint)
+            own = mine.get(other.job)
+            if key in self._drift_seen or own is None:
+                continue
+            self._drift_seen.add(key)
+            self._observer.log(
+                _WARNING, "drift", f"replica {other.replica_id} schedules this job as "
+                f"{other.trigger} (definition {other.fingerprint}) and this replica as "
+                f"{own.trigger} (definition {own.fingerprint}): the cluster runs the ticks of "
+                "both; deploy one definition everywhere", other.job,
+            )  # fmt: skip
+
+    async def _read(self) -> None:
+        assert self._backend is not None
+        now = time.monotonic()
+        every = min(every for _, every in self._watchers.values())
+        if now - self._last_read < every * 0.9:
+            return
+        self._last_read = now
+        status: ClusterStatus | None
+        try:
+            status = await self._backend.cluster_status()
+        except Exception as exc:
+            self._failed("could not read the cluster's status", exc)
+            status = None
+        for callback in [cb for cb, _ in self._watchers.values()]:
+            try:
+                callback(status)
+            except Exception:
+                self._observer.logger.exception("a cluster status watcher failed")
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._observer.log(_WARNING, "lock_error", f"{what}: {exc}")

@@ -1,0 +1,192 @@
+"""The cluster's registry, pauses and status in the embedded backend's ledger (see
+:mod:`replicron.cluster`). A replica is alive while its process is (pid and start time);
+the replicas share the host's clock, so none has an offset."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from replicron._schedule.tz import MICROSECOND, from_micros, to_micros
+from replicron.cluster import (
+    ClusterStatus,
+    JobDefinition,
+    JobStatus,
+    Pause,
+    Registration,
+    ReplicaStatus,
+    build_status,
+)
+
+from ._ledger import Ledger, now_us, process_alive
+
+__all__ = [
+    "announce",
+    "paused_jobs",
+    "read_cluster",
+    "register_replica",
+    "replica_stopped",
+    "set_paused",
+]
+
+
+def register_replica(conn: sqlite3.Connection, replica: str, pid: int, start: int | None) -> None:
+    now = now_us()
+    conn.execute(
+        "INSERT INTO replicron_replicas (replica_id, pid, pid_start, started_at, last_seen)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (replica_id) DO UPDATE SET pid = excluded.pid,"
+        " pid_start = excluded.pid_start, started_at = excluded.started_at,"
+        " last_seen = excluded.last_seen, stopped_at = NULL",
+        (replica, pid, start, now, now),
+    )
+
+
+def replica_stopped(conn: sqlite3.Connection, replica: str) -> None:
+    conn.execute(
+        "UPDATE replicron_replicas SET stopped_at = ? WHERE replica_id = ?", (now_us(), replica)
+    )
+
+
+def paused_jobs(conn: sqlite3.Connection) -> frozenset[str]:
+    return frozenset(job for (job,) in conn.execute("SELECT job FROM replicron_paused"))
+
+
+def announce(
+    conn: sqlite3.Connection,
+    replica: str,
+    definitions: Sequence[JobDefinition],
+    removed: Sequence[str],
+) -> list[Registration]:
+    """Write this replica's changed definitions; the live registrations of its jobs that
+    differ from its own (drift)."""
+    now = now_us()
+    conn.executemany(
+        "INSERT INTO replicron_jobs (job, replica_id, trigger, fingerprint, grace, expected,"
+        " last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, replica_id) DO UPDATE SET"
+        " trigger = excluded.trigger, fingerprint = excluded.fingerprint,"
+        " grace = excluded.grace, expected = excluded.expected, last_seen = excluded.last_seen",
+        [
+            (d.job, replica, d.trigger, d.fingerprint, d.grace // MICROSECOND,
+             ",".join(str(to_micros(tick)) for tick in d.expected), now)
+            for d in definitions
+        ],
+    )  # fmt: skip
+    conn.executemany(
+        "DELETE FROM replicron_jobs WHERE job = ? AND replica_id = ?",
+        [(job, replica) for job in removed],
+    )
+    conn.execute("UPDATE replicron_replicas SET last_seen = ? WHERE replica_id = ?", (now, replica))
+    rows = conn.execute(
+        "SELECT other.job, other.replica_id, other.trigger, other.fingerprint, other.grace,"
+        " other.expected, other.last_seen, seen.pid, seen.pid_start"
+        " FROM replicron_jobs mine JOIN replicron_jobs other ON other.job = mine.job"
+        "  AND other.replica_id <> mine.replica_id AND other.fingerprint <> mine.fingerprint"
+        " JOIN replicron_replicas seen ON seen.replica_id = other.replica_id"
+        "  AND seen.stopped_at IS NULL"
+        " WHERE mine.replica_id = ? ORDER BY other.job, other.replica_id",
+        (replica,),
+    ).fetchall()
+    return [_registration(row[:7], True) for row in rows if process_alive(row[7], row[8])]
+
+
+def set_paused(ledger: Ledger, job: str, paused: bool, by: str) -> bool:
+    with ledger.write() as conn:
+        if paused:
+            cursor = conn.execute(
+                "INSERT INTO replicron_paused (job, paused_at, paused_by) VALUES (?, ?, ?)"
+                " ON CONFLICT (job) DO NOTHING",
+                (job, now_us(), by),
+            )
+        else:
+            cursor = conn.execute("DELETE FROM replicron_paused WHERE job = ?", (job,))
+        return cursor.rowcount == 1
+
+
+def read_cluster(ledger: Ledger) -> ClusterStatus:
+    """One consistent read of the ledger, registry, pauses and replicas."""
+    with ledger.write() as conn:  # one snapshot; short, and it writes nothing
+        now = now_us()
+        replicas = {
+            replica: (pid, start, started, seen, stopped)
+            for replica, pid, start, started, seen, stopped in conn.execute(
+                "SELECT replica_id, pid, pid_start, started_at, last_seen, stopped_at"
+                " FROM replicron_replicas"
+            )
+        }
+        alive = {
+            r: stopped is None and process_alive(pid, start)
+            for r, (pid, start, _, _, stopped) in replicas.items()
+        }
+        registrations = [
+            _registration(row, alive.get(row[1], False))
+            for row in conn.execute(
+                "SELECT job, replica_id, trigger, fingerprint, grace, expected, last_seen"
+                " FROM replicron_jobs ORDER BY job, replica_id"
+            )
+        ]
+        pauses = [
+            Pause(job, from_micros(at), by)
+            for job, at, by in conn.execute(
+                "SELECT job, paused_at, paused_by FROM replicron_paused ORDER BY job"
+            )
+        ]
+        jobs = [job for (job,) in conn.execute("SELECT DISTINCT job FROM replicron_runs")]
+        ledger_rows = [_job_status(conn, job) for job in sorted(jobs)]
+    return build_status(
+        "",
+        from_micros(now),
+        ledger_rows,
+        registrations,
+        pauses,
+        [
+            ReplicaStatus(r, pid, None, from_micros(started), from_micros(seen), alive[r])
+            for r, (pid, _, started, seen, _) in sorted(replicas.items())
+        ],
+    )
+
+
+def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
+    last = conn.execute(
+        "SELECT replica_id, scheduled_at, started_at, finished_at, outcome, error"
+        " FROM replicron_runs WHERE job = ? AND outcome IS NOT NULL"
+        " ORDER BY scheduled_at DESC LIMIT 1",
+        (job,),
+    ).fetchone()
+    [(success, missed, last_tick)] = conn.execute(
+        "SELECT max(finished_at) FILTER (WHERE outcome = 'succeeded'),"
+        " count(*) FILTER (WHERE outcome = 'missed'),"
+        " max(scheduled_at) FILTER (WHERE manual = 0)"
+        " FROM replicron_runs WHERE job = ?",
+        (job,),
+    ).fetchall()
+    running = tuple(
+        (replica, run_id)
+        for replica, run_id, pid, start in conn.execute(
+            "SELECT replica_id, run_id, pid, pid_start FROM replicron_runs"
+            " WHERE job = ? AND outcome IS NULL AND started_at IS NOT NULL ORDER BY run_id",
+            (job,),
+        )
+        if pid is None or process_alive(pid, start)
+    )
+    replica, scheduled, started, finished, outcome, error = last or (None,) * 6
+    return JobStatus(
+        job, replica, _at(scheduled), _at(started), _at(finished), outcome, error, _at(success),
+        running, int(missed), (), _at(last_tick),
+    )  # fmt: skip
+
+
+def _at(micros: int | None) -> datetime | None:
+    return None if micros is None else from_micros(micros)
+
+
+def _registration(row: Sequence[object], alive: bool) -> Registration:
+    job, replica, trigger, fingerprint, grace, expected, seen = row
+    assert isinstance(grace, int)
+    assert isinstance(seen, int)
+    return Registration(
+        str(job), str(replica), str(trigger), str(fingerprint),
+        timedelta(microseconds=grace),
+        tuple(from_micros(int(tick)) for tick in str(expected).split(",") if tick),
+        from_micros(seen), alive,
+    )  # fmt: skip

@@ -1,0 +1,114 @@
+"""The cluster's registry, pauses and status on PostgreSQL, for whoever reads or changes
+them: a scheduler, the CLI, a status page. Each call uses a short connection of its own,
+never a replica's lock session, so it may come from any thread or event loop, with or
+without a running scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from replicron.cluster import (
+    ClusterStatus,
+    JobDefinition,
+    Pause,
+    Registration,
+    build_status,
+)
+
+from ._secrets import scrub
+from ._session import BackendUnavailableError
+from ._sql import queries
+from ._status import job_status, replica_status
+
+__all__ = ["announce_params", "read_cluster", "read_namespaces", "registration", "set_paused"]
+
+
+def registration(row: tuple[Any, ...], alive: bool = True) -> Registration:
+    job, replica, trigger, fingerprint, grace, expected, last_seen, *rest = row
+    return Registration(
+        job, replica, trigger, fingerprint, grace, tuple(expected), last_seen,
+        bool(rest[0]) if rest else alive,
+    )  # fmt: skip
+
+
+def announce_params(definitions: Sequence[JobDefinition], removed: Sequence[str]) -> dict[str, Any]:
+    return {
+        "jobs": [d.job for d in definitions],
+        "triggers": [d.trigger for d in definitions],
+        "fingerprints": [d.fingerprint for d in definitions],
+        "graces": [d.grace for d in definitions],
+        # One array literal per job: psycopg sends a list of lists as one 2-D array.
+        "expected": [_array(d.expected) for d in definitions],
+        "removed": list(removed),
+    }
+
+
+async def _connect(conninfo: str, connect_timeout: float) -> psycopg.AsyncConnection[Any]:
+    try:
+        return await asyncio.wait_for(
+            psycopg.AsyncConnection.connect(
+                conninfo,
+                autocommit=True,
+                prepare_threshold=None,
+                connect_timeout=max(1, round(connect_timeout)),
+                application_name="replicron status",
+            ),
+            connect_timeout,
+        )
+    except (psycopg.Error, TimeoutError, OSError) as exc:
+        scrub(exc, conninfo)  # libpq may quote the connection string
+        raise BackendUnavailableError(
+            f"cannot connect to PostgreSQL: {exc or type(exc).__name__}"
+        ) from exc
+
+
+async def read_cluster(
+    conninfo: str, namespace: str, stale_after: float, connect_timeout: float
+) -> ClusterStatus:
+    """One consistent read of the namespace's ledger, registry, pauses and replicas."""
+    q = queries()
+    params = {"namespace": namespace, "stale_after": timedelta(seconds=stale_after)}
+    conn = await _connect(conninfo, connect_timeout)
+    async with conn, conn.transaction():
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        rows = {}
+        for name in ("database_clock", "status", "registrations", "pauses", "replicas"):
+            cursor = await conn.execute(q[name], params)
+            rows[name] = await cursor.fetchall()
+    [(now,)] = rows["database_clock"]
+    return build_status(
+        namespace,
+        now,
+        [job_status(row) for row in rows["status"]],
+        [registration(row) for row in rows["registrations"]],
+        [Pause(*row) for row in rows["pauses"]],
+        [replica_status(row) for row in rows["replicas"]],
+    )
+
+
+async def set_paused(
+    conninfo: str, namespace: str, job: str, paused: bool, by: str, connect_timeout: float
+) -> bool:
+    """Pause (or resume) ``job``; whether that changed anything."""
+    query = queries()["pause" if paused else "resume"]
+    async with await _connect(conninfo, connect_timeout) as conn:
+        cursor = await conn.execute(query, {"namespace": namespace, "job": job, "by": by})
+        return bool(await cursor.fetchall())
+
+
+async def read_namespaces(conninfo: str, connect_timeout: float) -> dict[str, int]:
+    """Every namespace with recorded runs, and its number of rows."""
+    conn = await _connect(conninfo, connect_timeout)
+    async with conn:
+        cursor = await conn.execute(queries()["namespaces"])
+        rows: list[tuple[str, int]] = await cursor.fetchall()
+        return dict(rows)
+
+
+def _array(ticks: Sequence[datetime]) -> str:
+    return "{" + ",".join(tick.astimezone(UTC).isoformat() for tick in ticks) + "}"

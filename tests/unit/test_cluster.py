@@ -1,0 +1,279 @@
+"""The cluster's registry, pause and status, on the in-process backend with a fake clock,
+and the pure view (overdue, drift) from what a backend read."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import pytest
+
+from replicron import MemoryBackend, MemoryState, Outcome, Scheduler, cron, every
+from replicron.cluster import (
+    JobStatus,
+    Pause,
+    Registration,
+    ReplicaStatus,
+    build_status,
+)
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, z
+
+START = z(2026, 1, 1)
+
+
+def noop() -> None:
+    pass
+
+
+def fail() -> None:
+    raise RuntimeError("upstream answered 503")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(START)
+
+
+@pytest.fixture
+def state() -> MemoryState:
+    return MemoryState()
+
+
+@pytest.fixture
+def replicas(clock: FakeClock, state: MemoryState) -> Iterator[list[tuple[Scheduler, Recorder]]]:
+    made = []
+    for name in ("r1", "r2"):
+        recorder = Recorder()
+        scheduler = Scheduler(
+            clock=clock, backend=MemoryBackend(state), listeners=[recorder], replica_id=name
+        )
+        scheduler.add_job(every(seconds=10), noop, name="tick")
+        made.append((scheduler, recorder))
+    for scheduler, _ in made:
+        scheduler.start()
+    yield made
+    for scheduler, _ in made:
+        scheduler.shutdown()
+
+
+def step(clock: FakeClock, replicas: list[tuple[Scheduler, Recorder]], to: datetime) -> None:
+    assert clock.wait_for_sleepers(len(replicas))
+    clock.set(to)
+    for scheduler, _ in replicas:
+        scheduler.wait_idle()
+
+
+def outcomes(replicas: list[tuple[Scheduler, Recorder]]) -> list[tuple[datetime, Outcome]]:
+    return sorted(
+        (event.scheduled_at, event.outcome)
+        for _, recorder in replicas
+        for _, event in recorder.events
+        if event.outcome is not None
+    )
+
+
+def test_a_paused_job_runs_nowhere_its_ticks_are_recorded_paused_and_resuming_replays_none(
+    replicas: list[tuple[Scheduler, Recorder]], clock: FakeClock, state: MemoryState
+) -> None:
+    (first, _), (second, _) = replicas
+    step(clock, replicas, START + timedelta(seconds=10))
+    assert first.get_job("tick").pause() is True
+    assert second.pause_job("tick") is False  # one pause for the cluster
+    for seconds in (20, 30):
+        step(clock, replicas, START + timedelta(seconds=seconds))
+    assert second.resume_job("tick") is True
+    step(clock, replicas, START + timedelta(seconds=40))
+    assert outcomes(replicas) == [
+        (START + timedelta(seconds=10), Outcome.SUCCEEDED),
+        (START + timedelta(seconds=20), Outcome.PAUSED),
+        (START + timedelta(seconds=30), Outcome.PAUSED),
+        (START + timedelta(seconds=40), Outcome.SUCCEEDED),
+    ]
+    assert [r.outcome for r in state.history("tick")] == [
+        Outcome.SUCCEEDED, Outcome.PAUSED, Outcome.PAUSED, Outcome.SUCCEEDED,
+    ]  # fmt: skip
+    assert first.get_job("tick").resume() is False
+
+
+def test_resume_can_ask_for_one_run_in_place_of_the_paused_ticks(
+    replicas: list[tuple[Scheduler, Recorder]], clock: FakeClock
+) -> None:
+    (first, _), _ = replicas
+    first.pause_job("tick")
+    step(clock, replicas, START + timedelta(seconds=10))
+    first.get_job("tick").resume(run_now=True)
+    for scheduler, _ in replicas:
+        scheduler.wait_idle()
+    ran = [(e.scheduled_at, e.outcome, e.manual) for _, r in replicas for _, e in r.events
+           if e.outcome is Outcome.SUCCEEDED]  # fmt: skip
+    assert len(ran) == 1
+    at, _, manual = ran[0]
+    assert manual
+    assert START + timedelta(seconds=10) <= at < START + timedelta(seconds=10.001)
+
+
+def test_the_status_shows_pause_last_runs_and_who_schedules_each_job(
+    replicas: list[tuple[Scheduler, Recorder]], clock: FakeClock
+) -> None:
+    (first, _), _ = replicas
+    before = first.cluster_status().job("tick")
+    assert before is not None
+    assert before.next_due == START + timedelta(seconds=10)
+    step(clock, replicas, START + timedelta(seconds=10))
+    first.pause_job("tick")
+    status = first.cluster_status()
+    view = status.job("tick")
+    assert view is not None
+    assert view.trigger == "every(timedelta(seconds=10))"
+    assert view.scheduled_by == ("r1", "r2")
+    assert view.last_outcome == "succeeded"
+    assert view.last_scheduled_at == START + timedelta(seconds=10)
+    assert view.paused is not None
+    assert view.paused.paused_by == "r1"
+    assert not view.drift
+    assert {r.replica_id: r.jobs for r in status.replicas} == {"r1": ("tick",), "r2": ("tick",)}
+
+
+def test_replicas_that_register_one_name_differently_are_warned_and_shown(
+    clock: FakeClock, state: MemoryState, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="old")
+    new = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="new")
+    old.add_job(cron("0 * * * *"), noop, name="report")
+    new.add_job(cron("30 * * * *"), noop, name="report")
+    with caplog.at_level(logging.WARNING, logger="replicron"):
+        old.start()
+        new.start()
+    try:
+        drift = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "drift"]
+        assert len(drift) == 1
+        assert "cron('0 * * * *'" in drift[0]
+        assert "cron('30 * * * *'" in drift[0]
+        view = new.cluster_status().job("report")
+        assert view is not None
+        assert sorted(r.replica_id for r in view.drift) == ["new", "old"]
+        assert len({r.trigger for r in view.drift}) == 2
+        assert any("definition drift" in line for line in new.cluster_status().problems())
+    finally:
+        old.shutdown()
+        new.shutdown()
+
+
+# ---- the pure view ---------------------------------------------------------------------
+
+NOW = z(2026, 6, 1, 12)
+GRACE = timedelta(minutes=1)
+
+
+def registration(
+    job: str, replica: str, next_due: datetime | None, *, alive: bool = True, fp: str = "a"
+) -> Registration:
+    expected = () if next_due is None else (next_due,)
+    return Registration(job, replica, "every(minutes=5)", fp, GRACE, expected, NOW, alive)
+
+
+def ledger(job: str, last_tick: datetime, outcome: str = "succeeded") -> JobStatus:
+    return JobStatus(
+        job, "r1", last_tick, last_tick, last_tick, outcome, None, last_tick, (), 0, (), last_tick
+    )
+
+
+def replica(name: str, started: datetime, alive: bool) -> ReplicaStatus:
+    return ReplicaStatus(name, None, None, started, NOW, alive)
+
+
+@pytest.mark.parametrize(
+    ("next_due", "last_tick", "overdue"),
+    [
+        (NOW - timedelta(minutes=5), NOW - timedelta(minutes=10), True),  # no row since
+        (NOW - timedelta(seconds=30), NOW - timedelta(minutes=10), False),  # within grace
+        (NOW - timedelta(minutes=5), NOW - timedelta(minutes=5), False),  # the tick has a row
+        (NOW - timedelta(minutes=5), NOW - timedelta(minutes=1), False),  # a later one has
+        (None, NOW - timedelta(minutes=10), False),  # no more ticks expected
+    ],
+)
+def test_a_job_is_overdue_when_an_expected_tick_has_no_row_past_its_grace(
+    next_due: datetime | None, last_tick: datetime, overdue: bool
+) -> None:
+    status = build_status(
+        "", NOW, [ledger("j", last_tick)], [registration("j", "r1", next_due, alive=False)],
+        [], [replica("r1", NOW - timedelta(days=1), False)],
+    )  # fmt: skip
+    view = status.job("j")
+    assert view is not None
+    assert view.overdue is overdue
+    assert any("overdue" in line for line in status.problems()) is overdue
+
+
+def test_a_paused_job_is_never_overdue() -> None:
+    status = build_status(
+        "", NOW, [ledger("j", NOW - timedelta(hours=1))],
+        [registration("j", "r1", NOW - timedelta(minutes=30))],
+        [Pause("j", NOW - timedelta(hours=1), "ops")], [replica("r1", NOW, True)],
+    )  # fmt: skip
+    view = status.job("j")
+    assert view is not None
+    assert not view.overdue
+    assert view.paused is not None
+    assert status.problems() == []
+
+
+def test_a_job_no_live_replica_knows_any_more_is_retired_not_overdue() -> None:
+    """A deploy that dropped the job: every live replica started after the old ones last
+    wrote it. With no replica alive at all, the same row makes the job overdue."""
+    old = replace(
+        registration("gone", "old", NOW - timedelta(minutes=30), alive=False),
+        last_seen=NOW - timedelta(minutes=29),
+    )
+    rows = [ledger("gone", NOW - timedelta(hours=1))]
+    dropped = build_status(
+        "", NOW, rows, [old], [], [replica("new", NOW - timedelta(minutes=5), True)]
+    )
+    up = [replica("new", NOW - timedelta(minutes=5), True)]
+    old_still_up = replica("old2", NOW - timedelta(days=1), True)
+    rolling = build_status("", NOW, rows, [old], [], [*up, old_still_up])
+    nobody_up = build_status(
+        "", NOW, rows, [old], [], [replica("old", NOW - timedelta(days=1), False)]
+    )
+    assert [v.overdue for v in dropped.jobs] == [False]
+    assert [v.overdue for v in rolling.jobs] == [True]
+    assert [v.overdue for v in nobody_up.jobs] == [True]
+
+
+def test_problems_name_failures_drift_and_frozen_holders() -> None:
+    failed = JobStatus(
+        "f", "r1", NOW, NOW, NOW, "failed", "RuntimeError: boom", None, (), 0,
+        (("r2", 7),), NOW,
+    )  # fmt: skip
+    status = build_status(
+        "", NOW, [failed],
+        [registration("f", "r1", None), registration("f", "r2", None, fp="b")],
+        [], [replica("r1", NOW, True), replica("r2", NOW, True)],
+    )  # fmt: skip
+    lines = status.problems()
+    assert len(lines) == 3
+    assert lines[0].startswith("f: definition drift")
+    assert lines[1].startswith("f: last run failed")
+    assert "RuntimeError: boom" in lines[1]
+    assert "run 7 of replica r2" in lines[2]
+    assert status.to_json()["problems"] == lines
+
+
+def test_fail_records_a_failed_last_run(clock: FakeClock, state: MemoryState) -> None:
+    scheduler = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="r1")
+    scheduler.add_job(every(seconds=10), fail, name="flaky")
+    scheduler.start()
+    try:
+        assert clock.wait_for_sleepers(1)
+        clock.set(START + timedelta(seconds=10))
+        scheduler.wait_idle()
+        view = scheduler.cluster_status().job("flaky")
+        assert view is not None
+        assert view.last_outcome == "failed"
+        assert view.last_error is not None
+        assert "503" in view.last_error
+    finally:
+        scheduler.shutdown()
