@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from ._dsn import mask_dsn
 from ._schedule.tz import UTC, resolve_zone
@@ -16,6 +17,8 @@ from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
 
 __all__ = ["main"]
+
+_T = TypeVar("_T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,18 +48,34 @@ def _build_parser() -> argparse.ArgumentParser:
     nxt.add_argument("--tz", default="UTC", help="IANA time zone (default UTC)")
     nxt.add_argument("-n", type=int, default=5, help="how many fire times (default 5)")
     nxt.add_argument("--after", help="start after this ISO-8601 time (default now)")
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade replicron's tables in a PostgreSQL database",
+        description="Create or upgrade replicron's tables in a PostgreSQL database.",
+    )
+    _add_database_url(migrate)
+    status = commands.add_parser(
+        "status",
+        help="show each job's last run, success, next tick, and what is overdue or paused",
+        description="Show the cluster as its shared backend has it: per job the last run "
+        "(tick, outcome, replica, duration), last success, runs going on and what blocks "
+        "them, next tick, overdue, paused, definition drift and misses; then the replicas.",
+    )
+    _add_source(status)
+    status.add_argument("--json", action="store_true", help="print it as JSON")
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1, with one line per problem, when a job is overdue, drifting, blocked "
+        "or its last run failed (for cron, Kubernetes probes and CI)",
+    )
     for name, text in (
-        ("migrate", "create or upgrade replicron's tables in a PostgreSQL database"),
-        ("status", "show each job's last run, last success, running runs and misses"),
+        ("pause", "pause a job on every replica: its ticks are recorded paused, none runs"),
+        ("resume", "resume a paused job from its next tick (paused ticks are not replayed)"),
     ):
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
-        command.add_argument(
-            "--database-url",
-            default=os.environ.get("REPLICRON_DATABASE_URL"),
-            help="PostgreSQL URL (default: $REPLICRON_DATABASE_URL)",
-        )
-        if name == "status":
-            command.add_argument("--namespace", default="", help="job namespace (default none)")
+        command.add_argument("job", help="the job's name")
+        _add_source(command)
     demo = commands.add_parser(
         "demo",
         help="run replicas that share a backend and show every tick run exactly once",
@@ -76,6 +95,50 @@ def _build_parser() -> argparse.ArgumentParser:
         "--keep", action="store_true", help="keep the temporary state directory and logs"
     )
     return parser
+
+
+def _add_database_url(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--database-url",
+        default=os.environ.get("REPLICRON_DATABASE_URL"),
+        help="PostgreSQL URL (default: $REPLICRON_DATABASE_URL)",
+    )
+
+
+def _add_source(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--database-url", help="PostgreSQL URL (default: $REPLICRON_DATABASE_URL)")
+    command.add_argument(
+        "--state-dir",
+        help="the embedded backend's state directory instead (default: $REPLICRON_STATE_DIR)",
+    )
+    command.add_argument(
+        "--namespace", default="", help="job namespace on PostgreSQL (default none)"
+    )
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    """The shared backend the arguments (else the environment) name; never opened: its
+    cluster methods use a connection of their own."""
+    url, state_dir = args.database_url, args.state_dir
+    if url and state_dir:
+        raise ValueError("give --database-url or --state-dir, not both")
+    if not (url or state_dir):
+        url = os.environ.get("REPLICRON_DATABASE_URL")
+        state_dir = None if url else os.environ.get("REPLICRON_STATE_DIR")
+    if state_dir:
+        from .backends.embedded import EmbeddedBackend
+
+        if args.namespace:
+            raise ValueError("--namespace applies to PostgreSQL only")
+        return EmbeddedBackend(state_dir)
+    if not url:
+        raise ValueError(
+            "--database-url (or REPLICRON_DATABASE_URL), or --state-dir for the embedded "
+            "backend, is required"
+        )
+    from .postgres import PostgresBackend
+
+    return PostgresBackend(url, namespace=args.namespace, migrate=False)
 
 
 def _database_url(args: argparse.Namespace) -> str:
@@ -99,85 +162,50 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import psycopg.errors
+    from ._cli_status import print_status
 
-    from .postgres import PostgresBackend
+    backend = _backend(args)
+    status = asyncio.run(_guard_unmigrated(backend, backend.cluster_status()))
+    namespaces: dict[str, int] = {}
+    if not status.jobs and hasattr(backend, "namespaces"):
+        namespaces = asyncio.run(_other_namespaces(backend))
+    return print_status(status, namespaces, as_json=args.json, check=args.check)
 
-    url = _database_url(args)
 
-    async def fetch() -> tuple[list[Any], list[Any], dict[str, int]]:
-        backend = PostgresBackend(url, namespace=args.namespace, migrate=False)
-        await backend.open("replicron-cli")
-        try:
-            rows = await backend.status()
-            others = {} if rows else await backend.namespaces()
-            return rows, await backend.replicas(), others
-        finally:
-            await backend.close()
-
-    try:
-        rows, replicas, namespaces = asyncio.run(fetch())
-    except psycopg.errors.UndefinedTable:
-        raise ConfigurationError(
-            f"{mask_dsn(url)} has no replicron tables: run `replicron migrate` on it first"
-        ) from None
-    if not rows:
-        print(f"no runs recorded in namespace {args.namespace!r}")
-        if namespaces:
-            listed = ", ".join(f"{name!r} ({count} runs)" for name, count in namespaces.items())
-            print(f"namespaces with runs: {listed}; choose one with --namespace")
-        _print_replicas(replicas)
-        return 0
-    header = ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "LAST SUCCESS", "RUNNING", "MISSED")
-    table = [header]
-    for row in rows:
-        table.append(
-            (
-                row.job,
-                _iso(row.last_scheduled_at),
-                row.last_outcome or "-",
-                row.last_replica or "-",
-                _iso(row.last_success_at),
-                ", ".join(f"{replica}#{run_id}" for replica, run_id in row.running) or "-",
-                str(row.missed),
-            )
-        )
-    _print_table(table)
-    for row in rows:
-        if row.last_error:
-            print(f"{row.job}: last error: {row.last_error}")
-        for replica, run_id in row.stale_running:
-            print(
-                f"{row.job}: run {run_id} of replica {replica} stopped heartbeating; while its "
-                "session holds the job's lock (a frozen process), the job is blocked"
-            )
-    _print_replicas(replicas)
+def _cmd_pause(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    by = f"replicron-cli@{socket.gethostname()}"
+    if asyncio.run(_guard_unmigrated(backend, backend.pause(args.job, by))):
+        print(f"paused {args.job!r}: every replica records its ticks paused from its next claim")
+    else:
+        print(f"{args.job!r} was paused already")
     return 0
 
 
-def _print_replicas(replicas: list[Any]) -> None:
-    """Replicas seen by their heartbeats, with how far each one's clock is off the
-    database's (replicron schedules on the database's clock; a large offset is a host to
-    fix)."""
-    if not replicas:
-        return
-    print()
-    table = [("REPLICA", "ALIVE", "LAST SEEN", "CLOCK OFFSET")]
-    for replica in replicas:
-        offset = "-" if replica.clock_offset is None else f"{-replica.clock_offset:+.3f} s"
-        alive = "yes" if replica.alive else "no"
-        table.append((replica.replica_id, alive, _iso(replica.last_seen), offset))
-    _print_table(table)
+def _cmd_resume(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    if asyncio.run(_guard_unmigrated(backend, backend.resume(args.job))):
+        print(f"resumed {args.job!r}: it runs again from its next tick")
+    else:
+        print(f"{args.job!r} was not paused")
+    return 0
 
 
-def _print_table(table: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+async def _guard_unmigrated(backend: Any, call: Awaitable[_T]) -> _T:
+    try:
+        return await call
+    except Exception as exc:
+        if type(exc).__name__ == "UndefinedTable":
+            raise ConfigurationError(
+                f"{mask_dsn(backend.conninfo)} has no replicron tables: run `replicron "
+                "migrate` on it first"
+            ) from None
+        raise
 
 
-def _iso(instant: datetime | None) -> str:
-    return "-" if instant is None else instant.astimezone(UTC).isoformat(timespec="seconds")
+async def _other_namespaces(backend: Any) -> dict[str, int]:
+    found: dict[str, int] = await backend.namespaces()
+    return found
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -212,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "next": _cmd_next,
         "migrate": _cmd_migrate,
         "status": _cmd_status,
+        "pause": _cmd_pause,
+        "resume": _cmd_resume,
         "demo": _cmd_demo,
     }
     try:

@@ -77,6 +77,7 @@ class Cluster:
         stale_after: float = 1.5,
         stop_timeout: float = 5.0,
         seconds: float = 120.0,
+        misfire_grace: float | None = None,
     ) -> Replica:
         assert replica_id not in self.replicas
         command = [
@@ -92,6 +93,8 @@ class Cluster:
             "--stale-after", str(stale_after),
             "--stop-timeout", str(stop_timeout),
         ]  # fmt: skip
+        if misfire_grace is not None:
+            command += ["--misfire-grace", str(misfire_grace)]
         log_path = self.log_dir / f"{replica_id}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)

@@ -151,6 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--heartbeat-interval", type=float, default=0.5)
     parser.add_argument("--stale-after", type=float, default=1.5)
     parser.add_argument("--stop-timeout", type=float, default=5.0)
+    parser.add_argument("--misfire-grace", type=float, default=None, help="the job's, seconds")
     return parser.parse_args(argv)
 
 
@@ -172,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         make_task(recorder, args.task_ms / 1000),
         name=args.job,
         overlap="skip",
+        misfire_grace=args.misfire_grace,
     )
     scheduler.start()
     recorder.event("ready")

@@ -66,13 +66,26 @@ def test_status_lists_jobs(dsn: str) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "JOB", "LAST", "TICK", "OUTCOME", "REPLICA", "LAST", "SUCCESS", "RUNNING", "MISSED",
+        "JOB", "LAST", "TICK", "OUTCOME", "REPLICA", "TOOK", "LAST", "SUCCESS", "RUNNING",
+        "NEXT", "DUE", "STATE", "MISSED",
     ]  # fmt: skip
-    assert lines[1].split() == [
-        "broken", "2026-01-01T00:00:10+00:00", "failed", "node-1", "-", "-", "0",
-    ]  # fmt: skip
+    broken_row = lines[1].split()
+    assert broken_row[:4] == ["broken", "2026-01-01T00:00:10+00:00", "failed", "node-1"]
+    # took (fake clock: 0 ms), no success, nothing running, next due, state, missed: the fake
+    # clock stopped in January, and by the database's clock that tick is long overdue.
+    assert broken_row[4:] == ["0", "ms", "-", "-", "2026-01-01T00:00:20+00:00", "OVERDUE", "0"]
     assert lines[2].split()[:4] == ["ok", "2026-01-01T00:00:10+00:00", "succeeded", "node-1"]
-    assert lines[3] == "broken: last error: RuntimeError: disk full"
+    assert "broken: last error: RuntimeError: disk full" in lines
+    check = replicron("status", "--database-url", dsn, "--check")
+    assert check.returncode == 1
+    overdue = "overdue: the tick due at 2026-01-01T00:00:20+00:00 has no run"
+    problems = check.stdout.splitlines()
+    assert [line.split(" after it")[0].rsplit(" ", 2)[0] for line in problems] == [
+        f"broken: {overdue}",
+        "broken: last run failed (tick 2026-01-01T00:00:10+00:00): RuntimeError:",
+        f"ok: {overdue}",
+    ]
+    assert problems[1].endswith("RuntimeError: disk full")
 
 
 def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: str) -> None:
@@ -95,11 +108,13 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
     lines = result.stdout.splitlines()
     assert re.search(r"^ok: run \d+ of replica node-2 stopped heartbeating", result.stdout, re.M)
     header = lines.index("") + 1
-    assert lines[header].split() == ["REPLICA", "ALIVE", "LAST", "SEEN", "CLOCK", "OFFSET"]
+    assert lines[header].split() == [
+        "REPLICA", "ALIVE", "JOBS", "LAST", "SEEN", "CLOCK", "OFFSET",
+    ]  # fmt: skip
     replicas = {line.split()[0]: line.split() for line in lines[header + 1 :] if line.strip()}
-    assert replicas["node-2"][:2] == ["node-2", "yes"]
+    assert replicas["node-2"][:3] == ["node-2", "yes", "0"]
+    assert replicas["node-1"][:3] == ["node-1", "no", "1"]  # stopped, with its one job
     assert replicas["node-2"][-2:] == ["+31.500", "s"]
-    assert "node-1" in replicas  # seen by the heartbeat it sends as it opens
 
 
 def test_unreachable_database_is_one_line_without_password() -> None:

@@ -1,0 +1,135 @@
+"""How ``replicron status`` prints the cluster: a table of jobs, a line per thing to know
+about a job, the replicas; or JSON; and with ``--check`` an exit status for alerting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from ._schedule.tz import UTC
+from .cluster import ClusterStatus, JobView, how_long
+
+__all__ = ["print_status"]
+
+_NOT_RUN = ("paused", "missed", "skipped_overlap", "skipped_limit")
+
+
+def print_status(
+    status: ClusterStatus, namespaces: dict[str, int], *, as_json: bool, check: bool
+) -> int:
+    problems = status.problems()
+    if as_json:
+        print(json.dumps(status.to_json(), indent=2))
+    elif check:
+        for line in problems:
+            print(line)
+        if not problems:
+            print(f"OK: {len(status.jobs)} jobs; none overdue, drifting, blocked or failing")
+    else:
+        _print_view(status, namespaces)
+    return 1 if check and problems else 0
+
+
+def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
+    if not status.jobs:
+        print(f"no runs recorded in namespace {status.namespace!r}")
+        if namespaces:
+            listed = ", ".join(f"{name!r} ({count} runs)" for name, count in namespaces.items())
+            print(f"namespaces with runs: {listed}; choose one with --namespace")
+        _print_replicas(status)
+        return
+    table = [
+        ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "TOOK", "LAST SUCCESS", "RUNNING",
+         "NEXT DUE", "STATE", "MISSED"),
+    ]  # fmt: skip
+    for view in status.jobs:
+        table.append(
+            (
+                view.job,
+                _iso(view.last_scheduled_at),
+                view.last_outcome or "-",
+                view.last_replica or "-",
+                _took(view.last_duration),
+                _iso(view.last_success_at),
+                ", ".join(f"{replica}#{run_id}" for replica, run_id in view.running) or "-",
+                _iso(view.next_due),
+                _state(view, status),
+                str(view.missed),
+            )
+        )
+    _print_table(table)
+    for view in status.jobs:
+        for line in _notes(view, status.read_at):
+            print(f"{view.job}: {line}")
+    _print_replicas(status)
+
+
+def _state(view: JobView, status: ClusterStatus) -> str:
+    states = []
+    if view.overdue:
+        states.append("OVERDUE")
+    if view.paused is not None:
+        states.append("paused")
+    if view.drift:
+        states.append("DRIFT")
+    if view.blocked_by:
+        states.append("BLOCKED")
+    if not view.scheduled_by and any(r.alive for r in status.replicas):
+        states.append("unscheduled")
+    return ",".join(states) or "ok"
+
+
+def _notes(view: JobView, now: datetime) -> list[str]:
+    notes = []
+    if view.overdue_since is not None:
+        late = how_long(now - view.overdue_since)
+        notes.append(
+            f"overdue: the tick due at {_iso(view.overdue_since)} has no run {late} after it"
+        )
+    if view.paused is not None:
+        notes.append(f"paused by {view.paused.paused_by} at {_iso(view.paused.paused_at)}")
+    if view.drift:
+        shapes = "; ".join(f"{r.replica_id} runs {r.trigger}" for r in view.drift)
+        notes.append(f"definition drift: {shapes}")
+    if view.last_error and view.last_outcome not in _NOT_RUN:
+        notes.append(f"last error: {view.last_error}")
+    for replica, run_id in view.blocked_by:
+        notes.append(
+            f"run {run_id} of replica {replica} stopped heartbeating; while its session holds "
+            "the job's lock (a frozen process), the job is blocked"
+        )
+    return notes
+
+
+def _print_replicas(status: ClusterStatus) -> None:
+    """Replicas, with how far each one's clock is off the coordinator's (replicron schedules
+    on the coordinator's clock; a large offset is a host to fix)."""
+    if not status.replicas:
+        return
+    print()
+    table = [("REPLICA", "ALIVE", "JOBS", "LAST SEEN", "CLOCK OFFSET")]
+    for replica in status.replicas:
+        offset = "-" if replica.clock_offset is None else f"{-replica.clock_offset:+.3f} s"
+        alive = "yes" if replica.alive else "no"
+        jobs = str(len(replica.jobs))
+        table.append((replica.replica_id, alive, jobs, _iso(replica.last_seen), offset))
+    _print_table(table)
+
+
+def _print_table(table: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        cells = (cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        print("  ".join(cells).rstrip())
+
+
+def _iso(instant: datetime | None) -> str:
+    return "-" if instant is None else instant.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def _took(duration: timedelta | None) -> str:
+    if duration is None:
+        return "-"
+    seconds = duration.total_seconds()
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"

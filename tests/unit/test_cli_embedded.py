@@ -1,0 +1,106 @@
+"""`replicron status`, `pause` and `resume` on an embedded state directory, as real
+processes: the same view as on PostgreSQL, with no server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from replicron import EmbeddedBackend, Outcome, Scheduler, every
+from replicron.testing import FakeClock
+from tests.helpers import z
+
+START = z(2026, 1, 1)
+
+
+def replicron(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicron", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def broken() -> None:
+    raise RuntimeError("disk full")
+
+
+def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    ran: list[str] = []
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="node-1")
+    s.add_job(every(seconds=10), lambda: ran.append("ok"), name="ok")
+    s.add_job(every(seconds=10), broken, name="broken")
+    with s:  # registered as it starts
+        assert clock.wait_for_sleepers(1)
+        clock.set(START + timedelta(seconds=10))
+        s.wait_idle()
+
+        paused = replicron("pause", "ok", "--state-dir", str(tmp_path))
+        assert paused.returncode == 0, paused.stderr
+        assert paused.stdout.startswith("paused 'ok'")
+        clock.set(START + timedelta(seconds=20))
+        s.wait_idle()
+        ok = s.get_job("ok").last_run
+        assert ok is not None
+        assert ok.outcome is Outcome.PAUSED
+        assert ran == ["ok"]
+
+        status = json.loads(replicron("status", "--state-dir", str(tmp_path), "--json").stdout)
+        jobs = {job["job"]: job for job in status["jobs"]}
+        assert jobs["ok"]["paused"]["paused_by"].startswith("replicron-cli@")
+        assert jobs["ok"]["last_outcome"] == "paused"
+        assert jobs["broken"]["last_outcome"] == "failed"
+        assert jobs["broken"]["last_error"] == "RuntimeError: disk full"
+        assert [(r["replica_id"], r["alive"], r["jobs"]) for r in status["replicas"]] == [
+            ("node-1", True, ["broken", "ok"])
+        ]
+        check = replicron("status", "--state-dir", str(tmp_path), "--check")
+        assert check.returncode == 1
+        # The fake clock stands in January: by the host's clock, broken's next tick is long
+        # overdue; ok is paused, so it is not.
+        assert [line.split(" has no run ")[0] for line in check.stdout.splitlines()] == [
+            "broken: overdue: the tick due at 2026-01-01T00:00:30+00:00",
+            "broken: last run failed (tick 2026-01-01T00:00:20+00:00): RuntimeError: disk full",
+        ]
+
+        resumed = replicron("resume", "ok", "--state-dir", str(tmp_path))
+        assert resumed.stdout.startswith("resumed 'ok'")
+        clock.set(START + timedelta(seconds=30))
+        s.wait_idle()
+        assert ran == ["ok", "ok"]
+    table = replicron("status", "--state-dir", str(tmp_path)).stdout.splitlines()
+    assert table[0].split()[:2] == ["JOB", "LAST"]
+    assert [line.split()[0] for line in table[1:3]] == ["broken", "ok"]
+    assert "broken: last error: RuntimeError: disk full" in table
+    replicas = table[table.index("") + 1 :]
+    assert replicas[1].split()[:3] == ["node-1", "no", "2"]  # shut down, with its two jobs
+
+
+def test_a_state_dir_nobody_used_is_one_clear_line(tmp_path: Path) -> None:
+    result = replicron("status", "--state-dir", str(tmp_path / "nothing"))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "has no replicron ledger" in result.stderr
+    both = replicron("status", "--state-dir", str(tmp_path), "--database-url", "postgresql://x")
+    assert both.returncode == 2
+    assert "not both" in both.stderr
+
+
+def test_the_status_of_an_unopened_backend_is_read_from_any_loop(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="node-1")
+    s.add_job(every(seconds=10), lambda: None, name="ok")
+    s.start()
+    s.shutdown()
+    status = asyncio.run(EmbeddedBackend(tmp_path).cluster_status())
+    view = status.job("ok")
+    assert view is not None
+    assert view.trigger == "every(timedelta(seconds=10))"
+    assert view.next_due == START + timedelta(seconds=10)
