@@ -49,13 +49,13 @@ Series, and when they are left out:
     1 when a tick some replica expected has no row though its grace has passed, else 0.
 
 The cluster series cover the jobs this scheduler has and the jobs some live replica
-schedules. A job removed from every replica loses its series at the next read, though the
-registrations of replicas long gone keep it overdue in ``replicron status`` until the
-registry's retention drops them; a job whose every replica is gone shows here as series that
-stop (alert on their absence). This replica's series of a removed job go at the next scrape.
-The cluster series are left out while the scheduler is stopped and once the latest good read
-is stale: a replica that cannot read the cluster says nothing about it rather than something
-old (a single failed read leaves them as they were, and ``replicron_up`` at 0).
+schedules. A job removed from every replica loses its series at the next read; a job whose
+every replica is gone shows here as series that stop (alert on their absence, and let
+``replicron status --check``, which reads the database, see it go overdue). This replica's
+series of a removed job go at the next scrape. The cluster series are left out while the
+scheduler is stopped and once the latest good read is stale: a replica that cannot read the
+cluster says nothing about it rather than something old (a single failed read leaves them as
+they were, and ``replicron_up`` at 0).
 """
 
 from __future__ import annotations

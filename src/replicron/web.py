@@ -19,6 +19,7 @@ import inspect
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol, cast
 
@@ -40,6 +41,8 @@ _App = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 #: A read that takes longer is answered 503: a page that hangs tells an operator less than
 #: one that says the backend does not answer (and each refresh would pile up another read).
 _READ_TIMEOUT = 15.0
+#: Seconds a status read serves the requests that follow it.
+_FRESH = 2.0
 
 _HTML = "text/html; charset=utf-8"
 _JSON = "application/json"
@@ -66,7 +69,8 @@ class _BlockingSource(Protocol):
 def status_app(
     source: StatusSource | _BlockingSource, *, refresh: float = 10.0, title: str = "replicron"
 ) -> _App:
-    """An ASGI 3 app showing ``source.cluster_status()``, read anew on every request.
+    """An ASGI 3 app showing ``source.cluster_status()``, read at most every two seconds
+    however many pages are open.
 
     ``source``: a backend shared by replicas (``PostgresBackend``, ``EmbeddedBackend``), an
     ``AsyncScheduler``, or anything with a ``cluster_status()`` coroutine method; a threaded
@@ -94,6 +98,7 @@ class _StatusApp:
         self._source = source
         self._refresh = refresh
         self._title = title
+        self._kept: tuple[float, ClusterStatus] | None = None  # (monotonic time, status)
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         kind = scope["type"]
@@ -132,10 +137,16 @@ class _StatusApp:
         await _respond(send, 200, _HTML, page.encode(), head=head)
 
     async def _read(self) -> tuple[ClusterStatus | None, str]:
-        """The status, or None and why it could not be read (one line, passwords masked)."""
+        """The status, or None and why it could not be read (one line, passwords masked).
+        A read younger than ``_FRESH`` serves again: many open pages, one database read."""
+        kept = self._kept
+        if kept is not None and time.monotonic() - kept[0] < _FRESH:
+            return kept[1], ""
         try:
             async with asyncio.timeout(_READ_TIMEOUT):
-                return await self._call_source(), ""
+                status = await self._call_source()
+                self._kept = (time.monotonic(), status)
+                return status, ""
         except TimeoutError:
             failure = f"reading the cluster's status took longer than {_READ_TIMEOUT:g} s"
         except Exception as exc:
