@@ -292,11 +292,12 @@ WITH refreshed AS (
     RETURNING run_id
 ), seen AS (
     INSERT INTO replicron_replicas AS r
-        (namespace, replica_id, backend_pid, clock_offset_ms, last_seen)
-    VALUES (%(namespace)s, %(replica)s, pg_backend_pid(), %(offset_ms)s, now())
+        (namespace, replica_id, backend_pid, clock_offset_ms, last_seen, stale_after)
+    VALUES (%(namespace)s, %(replica)s, pg_backend_pid(), %(offset_ms)s, now(),
+            %(stale_after)s::interval)
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
-        last_seen = excluded.last_seen, stopped_at = NULL
+        last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -307,7 +308,8 @@ SELECT (pg_backend_pid() = %(pid)s
              WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held,
        ARRAY(SELECT replica_id FROM replicron_replicas
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
-               AND last_seen > now() - %(stale_after)s::interval) AS peers;
+               AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
+       AS peers;
 
 -- name: clock_sample
 -- A cheap round trip to measure the offset of this replica's clock from the database's.
@@ -419,7 +421,8 @@ ORDER BY job;
 -- name: replicas
 -- Replicas of the namespace: when each was last seen and its clock's offset.
 SELECT replica_id, backend_pid, clock_offset_ms, started_at, last_seen,
-       stopped_at IS NULL AND last_seen > now() - %(stale_after)s::interval AS alive
+       stopped_at IS NULL
+       AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval) AS alive
 FROM replicron_replicas
 WHERE namespace = %(namespace)s
 ORDER BY replica_id;
@@ -466,14 +469,17 @@ JOIN replicron_jobs other
    AND other.replica_id <> %(replica)s AND other.fingerprint <> mine.fingerprint
 JOIN replicron_replicas seen
     ON seen.namespace = other.namespace AND seen.replica_id = other.replica_id
-   AND seen.stopped_at IS NULL AND seen.last_seen > now() - %(stale_after)s::interval
+   AND seen.stopped_at IS NULL
+   AND seen.last_seen > now() - coalesce(seen.stale_after, %(stale_after)s::interval)
 ORDER BY other.job, other.replica_id;
 
 -- name: registrations
 -- The cluster's job registry, each row with whether its replica is alive.
 SELECT job.job, job.replica_id, job.trigger, job.fingerprint, job.grace, job.expected,
-       job.last_seen, coalesce(seen.stopped_at IS NULL
-                               AND seen.last_seen > now() - %(stale_after)s::interval, false)
+       job.last_seen,
+       coalesce(seen.stopped_at IS NULL
+                AND seen.last_seen
+                    > now() - coalesce(seen.stale_after, %(stale_after)s::interval), false)
 FROM replicron_jobs job
 LEFT JOIN replicron_replicas seen USING (namespace, replica_id)
 WHERE job.namespace = %(namespace)s

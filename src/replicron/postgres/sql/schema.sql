@@ -114,6 +114,9 @@ CREATE TABLE replicron_replicas (
     -- When the replica stopped cleanly (NULL while it runs): it is gone at once for the
     -- others, not only once its heartbeats are stale.
     stopped_at      timestamptz,
+    -- The replica's own stale_after: a reader with other settings (the CLI) tells it alive
+    -- by it.
+    stale_after     interval,
     PRIMARY KEY (namespace, replica_id)
 );
 

@@ -37,3 +37,5 @@ ALTER TABLE replicron_runs ADD CONSTRAINT replicron_runs_outcome_check
 -- When a replica stopped cleanly (NULL while it runs): it is gone at once for the others,
 -- not only once its heartbeats are stale.
 ALTER TABLE replicron_replicas ADD COLUMN stopped_at timestamptz;
+-- The replica's own stale_after: a reader with other settings (the CLI) tells it alive by it.
+ALTER TABLE replicron_replicas ADD COLUMN stale_after interval;
