@@ -3,6 +3,7 @@ and the pure view (overdue, drift) from what a backend read."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -277,3 +278,47 @@ def test_fail_records_a_failed_last_run(clock: FakeClock, state: MemoryState) ->
         assert "503" in view.last_error
     finally:
         scheduler.shutdown()
+
+
+# ---- what a replica writes to the registry ---------------------------------------------
+
+
+def written(state: MemoryState, replica: str) -> dict[str, tuple[datetime, ...]]:
+    return {job: d.expected for (job, who), (d, _) in state.registry.items() if who == replica}
+
+
+def test_a_replica_writes_the_ticks_it_expects_two_minutes_ahead_and_at_least_two(
+    clock: FakeClock, state: MemoryState
+) -> None:
+    scheduler = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="r1")
+    scheduler.add_job(every(seconds=10), noop, name="often")
+    scheduler.add_job(cron("0 3 * * *"), noop, name="nightly")
+    scheduler.add_job(every(seconds=0.5), noop, name="fast")
+    scheduler.start()
+    try:
+        expected = written(state, "r1")
+        assert expected["often"] == tuple(START + timedelta(seconds=10 * n) for n in range(1, 13))
+        assert expected["nightly"] == (z(2026, 1, 1, 3), z(2026, 1, 2, 3))
+        assert len(expected["fast"]) == 100  # at most: a reader extrapolates past them
+        assert expected["fast"][-1] - expected["fast"][-2] == timedelta(seconds=0.5)
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_stopping_replica_leaves_its_latest_expectations_and_drops_removed_jobs(
+    clock: FakeClock, state: MemoryState
+) -> None:
+    scheduler = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="r1")
+    scheduler.add_job(every(minutes=1), noop, name="kept")
+    scheduler.add_job(every(minutes=1), noop, name="dropped")
+    scheduler.start()
+    assert clock.wait_for_sleepers(1)
+    clock.set(START + timedelta(minutes=5))
+    scheduler.wait_idle()
+    scheduler.remove_job("dropped")
+    scheduler.shutdown()
+    expected = written(state, "r1")
+    assert list(expected) == ["kept"]
+    assert expected["kept"][0] == START + timedelta(minutes=6)
+    status = asyncio.run(MemoryBackend(state).cluster_status())
+    assert [r.alive for r in status.replicas] == []  # it closed: no longer a replica

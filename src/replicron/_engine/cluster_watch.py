@@ -32,7 +32,7 @@ from .observe import Observer
 from .registry import JobRegistry
 from .spec import JobSpec
 
-__all__ = ["ClusterWatch", "definition_of"]
+__all__ = ["ClusterWatch", "fingerprint_of", "trigger_text"]
 
 _WARNING = logging.WARNING
 #: Seconds between looks at what changed (next ticks, mostly); a write only if anything did.
@@ -58,13 +58,6 @@ class _Registry(Protocol):
     ) -> list[Registration]: ...
 
     async def cluster_status(self) -> ClusterStatus: ...
-
-
-def definition_of(spec: JobSpec, expected: tuple[datetime, ...]) -> JobDefinition:
-    """What a replica tells the registry about ``spec``."""
-    return JobDefinition(
-        spec.name, trigger_text(spec), fingerprint_of(spec), _grace(spec), expected
-    )
 
 
 def trigger_text(spec: JobSpec) -> str:
