@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TypeVar
 
 from replicron import Listener, Outcome, RunEvent
@@ -189,3 +192,18 @@ def fresh_database(prefix: str = "replicron_test") -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``replicron ARGS`` as a real process, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "replicron", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

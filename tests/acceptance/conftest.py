@@ -95,6 +95,11 @@ class Cluster:
         ]  # fmt: skip
         if misfire_grace is not None:
             command += ["--misfire-grace", str(misfire_grace)]
+        return self.spawn(replica_id, command)
+
+    def spawn(self, replica_id: str, command: list[str]) -> Replica:
+        """Start ``command`` from the repository root as one of the test's replicas: its
+        log goes to a file of its own, and it is stopped with the others."""
         log_path = self.log_dir / f"{replica_id}.log"
         log_file = log_path.open("wb")
         proc = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)

@@ -8,7 +8,6 @@ expected values come from the backend's ledger, ``replicron_runs``.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import urllib.request
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.acceptance.conftest import REPO, Cluster, Replica
+from tests.acceptance.conftest import Cluster
 
 JOB = "metered"
 EVERY_S = 1.0  # the job's interval
@@ -48,11 +47,7 @@ class MetricsReplica:
             "--port-file", str(self._port_file),
             "--cluster-every", str(CLUSTER_EVERY),
         ]  # fmt: skip
-        log_path = cluster.log_dir / f"{replica_id}.log"
-        log_file = log_path.open("wb")
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT)
-        # Kept with the fixture's replicas: stopped with them, their logs in a failure report.
-        cluster.replicas[replica_id] = Replica(replica_id, proc, log_path, log_file)
+        cluster.spawn(replica_id, command)
         self._port: int | None = None
 
     def ready(self) -> bool:

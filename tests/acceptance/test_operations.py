@@ -5,31 +5,19 @@ job overdue once every replica is gone."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
 
-from tests.acceptance.conftest import REPO, Cluster
+from tests.acceptance.conftest import Cluster
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 #: A claim reads the pause in its own statement; one already sent when the pause commits,
 #: up to the claim-ahead margin before its tick, still runs that tick.
 IN_FLIGHT = timedelta(milliseconds=500)
-
-
-def replicron(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replicron", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def ledger(cluster: Cluster, job: str) -> list[tuple[datetime, str | None, str]]:
@@ -57,11 +45,11 @@ def test_a_paused_job_runs_on_no_replica_and_runs_again_after_resume(
     cluster.wait_ready(replicas)
     cluster.wait_until("two runs", lambda: len(started_ticks(cluster, "tick")) >= 2, 20)
 
-    paused = replicron("pause", "tick", "--database-url", dsn)
+    paused = run_cli("pause", "tick", "--database-url", dsn)
     assert paused.returncode == 0, paused.stderr
     assert "paused 'tick'" in paused.stdout
     paused_at = cluster.now()
-    again = replicron("pause", "tick", "--database-url", dsn)
+    again = run_cli("pause", "tick", "--database-url", dsn)
     assert "was paused already" in again.stdout
 
     def paused_ticks() -> int | None:
@@ -69,11 +57,11 @@ def test_a_paused_job_runs_on_no_replica_and_runs_again_after_resume(
         return count if count >= 6 else None
 
     cluster.wait_until("six ticks recorded paused", paused_ticks, 20)
-    status = json.loads(replicron("status", "--database-url", dsn, "--json").stdout)
+    status = json.loads(run_cli("status", "--database-url", dsn, "--json").stdout)
     [view] = [job for job in status["jobs"] if job["job"] == "tick"]
     assert view["paused"]["paused_by"].startswith("replicron-cli@")
     assert view["overdue"] is False
-    resumed = replicron("resume", "tick", "--database-url", dsn)
+    resumed = run_cli("resume", "tick", "--database-url", dsn)
     assert resumed.returncode == 0, resumed.stderr
     resumed_at = cluster.now()
     cluster.wait_until(
@@ -108,7 +96,7 @@ def test_status_check_reports_a_job_overdue_once_every_replica_stopped(
         cluster.start(replica, job="beat", every_s=1, task_ms=10, misfire_grace=1.0)
     cluster.wait_ready(["r1", "r2"])
     cluster.wait_until("a run", lambda: started_ticks(cluster, "beat") or None, 20)
-    healthy = replicron("status", "--database-url", dsn, "--check")
+    healthy = run_cli("status", "--database-url", dsn, "--check")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     assert healthy.stdout.startswith("OK: 1 jobs")
 
@@ -124,15 +112,15 @@ def test_status_check_reports_a_job_overdue_once_every_replica_stopped(
         lambda: cluster.now() > last + timedelta(seconds=2.5) or None,
         10,
     )
-    check = replicron("status", "--database-url", dsn, "--check")
+    check = run_cli("status", "--database-url", dsn, "--check")
     assert check.returncode == 1, check.stdout + check.stderr
     [line] = check.stdout.splitlines()
     assert line.startswith("beat: overdue: the tick due at ")
-    status = json.loads(replicron("status", "--database-url", dsn, "--json").stdout)
+    status = json.loads(run_cli("status", "--database-url", dsn, "--json").stdout)
     [view] = status["jobs"]
     assert view["overdue"] is True
     assert datetime.fromisoformat(view["overdue_since"]) > last
     assert [r["alive"] for r in status["replicas"]] == [False, False]
-    table = replicron("status", "--database-url", dsn)
+    table = run_cli("status", "--database-url", dsn)
     assert "OVERDUE" in table.stdout
     summary(f"overdue with every replica down ({how}): {line}")

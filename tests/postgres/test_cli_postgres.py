@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -14,17 +12,7 @@ from replicron import Scheduler, every
 from replicron.postgres import PostgresBackend
 from replicron.postgres._sql import migrations
 from replicron.testing import FakeClock
-from tests.helpers import z
-
-
-def replicron(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replicron.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.helpers import run_cli, z
 
 
 def with_password(dsn: str, password: str) -> str:
@@ -37,12 +25,12 @@ def with_password(dsn: str, password: str) -> str:
 
 def test_migrate_applies_once_and_masks_the_password(dsn: str) -> None:
     url = with_password(dsn, "hunter2")
-    first = replicron("migrate", "--database-url", url)
+    first = run_cli("migrate", "--database-url", url)
     assert first.returncode == 0, first.stderr
     masked = url.replace("hunter2", "***")
     names = [f"{m.version:04d}_{m.name}" for m in migrations()]
     assert first.stdout.splitlines() == [f"applied {name} to {masked}" for name in names]
-    again = replicron("migrate", "--database-url", url)
+    again = run_cli("migrate", "--database-url", url)
     assert again.returncode == 0
     assert again.stdout.strip().endswith("is up to date")
     assert "hunter2" not in first.stdout + again.stdout + first.stderr + again.stderr
@@ -62,7 +50,7 @@ def test_status_lists_jobs(dsn: str) -> None:
         s.add_job(every(seconds=10), broken, name="broken")
         clock.set(z(2026, 1, 1, 0, 0, 10))
         s.wait_idle()
-    result = replicron("status", "--database-url", dsn)
+    result = run_cli("status", "--database-url", dsn)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
@@ -76,7 +64,7 @@ def test_status_lists_jobs(dsn: str) -> None:
     assert broken_row[4:] == ["0", "ms", "-", "-", "2026-01-01T00:00:20+00:00", "OVERDUE", "0"]
     assert lines[2].split()[:4] == ["ok", "2026-01-01T00:00:10+00:00", "succeeded", "node-1"]
     assert "broken: last error: RuntimeError: disk full" in lines
-    check = replicron("status", "--database-url", dsn, "--check")
+    check = run_cli("status", "--database-url", dsn, "--check")
     assert check.returncode == 1
     overdue = "overdue: the tick due at 2026-01-01T00:00:20+00:00 has no run"
     problems = check.stdout.splitlines()
@@ -103,7 +91,7 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
             " heartbeat_at) VALUES ('', 'ok', '2026-01-01 00:00:20+00', 'node-2', now(),"
             " now() - interval '1 hour')"
         )
-    result = replicron("status", "--database-url", dsn)
+    result = run_cli("status", "--database-url", dsn)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert re.search(r"^ok: run \d+ of replica node-2 stopped heartbeating", result.stdout, re.M)
@@ -118,12 +106,12 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
 
 
 def test_unreachable_database_is_one_line_without_password() -> None:
-    result = replicron("status", "--database-url", "postgresql://u:topsecret@127.0.0.1:1/none")
+    result = run_cli("status", "--database-url", "postgresql://u:topsecret@127.0.0.1:1/none")
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1
     assert "topsecret" not in result.stderr
     assert "cannot connect to PostgreSQL" in result.stderr
-    missing = replicron("migrate")
+    missing = run_cli("migrate")
     assert missing.returncode == 2
     assert "--database-url" in missing.stderr
 
@@ -131,9 +119,9 @@ def test_unreachable_database_is_one_line_without_password() -> None:
 def test_sqlalchemy_urls_with_awkward_passwords_work_and_never_print(dsn: str) -> None:
     # SQLAlchemy's scheme names the driver; a "#" in a password is read as part of it.
     url = with_password(dsn, "ab#cd").replace("postgresql://", "postgresql+psycopg://", 1)
-    migrated = replicron("migrate", "--database-url", url)
+    migrated = run_cli("migrate", "--database-url", url)
     assert migrated.returncode == 0, migrated.stderr
-    status = replicron("status", "--database-url", url)
+    status = run_cli("status", "--database-url", url)
     assert status.returncode == 0, status.stderr
     printed = migrated.stdout + migrated.stderr + status.stdout + status.stderr
     assert "ab#cd" not in printed
@@ -148,7 +136,7 @@ def test_sqlalchemy_urls_with_awkward_passwords_work_and_never_print(dsn: str) -
 
 
 def test_status_of_an_unmigrated_database_says_what_to_do(dsn: str) -> None:
-    result = replicron("status", "--database-url", dsn)
+    result = run_cli("status", "--database-url", dsn)
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.endswith("has no replicron tables: run `replicron migrate` on it first\n")
@@ -161,7 +149,7 @@ def test_status_of_an_empty_namespace_lists_the_namespaces_with_runs(dsn: str) -
         s.add_job(every(seconds=10), lambda: None, name="sync")
         clock.set(z(2026, 1, 1, 0, 0, 10))
         s.wait_idle()
-    result = replicron("status", "--database-url", dsn)
+    result = run_cli("status", "--database-url", dsn)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:2] == [
         "no runs recorded in namespace ''",

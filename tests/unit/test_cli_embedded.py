@@ -5,26 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Outcome, Scheduler, every
 from replicron.testing import FakeClock
-from tests.helpers import z
+from tests.helpers import run_cli, z
 
 START = z(2026, 1, 1)
-
-
-def replicron(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replicron", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def broken() -> None:
@@ -42,7 +30,7 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
         clock.set(START + timedelta(seconds=10))
         s.wait_idle()
 
-        paused = replicron("pause", "ok", "--state-dir", str(tmp_path))
+        paused = run_cli("pause", "ok", "--state-dir", str(tmp_path))
         assert paused.returncode == 0, paused.stderr
         assert paused.stdout.startswith("paused 'ok'")
         clock.set(START + timedelta(seconds=20))
@@ -52,7 +40,7 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
         assert ok.outcome is Outcome.PAUSED
         assert ran == ["ok"]
 
-        status = json.loads(replicron("status", "--state-dir", str(tmp_path), "--json").stdout)
+        status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
         jobs = {job["job"]: job for job in status["jobs"]}
         assert jobs["ok"]["paused"]["paused_by"].startswith("replicron-cli@")
         assert jobs["ok"]["last_outcome"] == "paused"
@@ -61,7 +49,7 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
         assert [(r["replica_id"], r["alive"], r["jobs"]) for r in status["replicas"]] == [
             ("node-1", True, ["broken", "ok"])
         ]
-        check = replicron("status", "--state-dir", str(tmp_path), "--check")
+        check = run_cli("status", "--state-dir", str(tmp_path), "--check")
         assert check.returncode == 1
         # The fake clock stands in January: by the host's clock, broken's next tick is long
         # overdue; ok is paused, so it is not.
@@ -70,12 +58,12 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
             "broken: last run failed (tick 2026-01-01T00:00:20+00:00): RuntimeError: disk full",
         ]
 
-        resumed = replicron("resume", "ok", "--state-dir", str(tmp_path))
+        resumed = run_cli("resume", "ok", "--state-dir", str(tmp_path))
         assert resumed.stdout.startswith("resumed 'ok'")
         clock.set(START + timedelta(seconds=30))
         s.wait_idle()
         assert ran == ["ok", "ok"]
-    table = replicron("status", "--state-dir", str(tmp_path)).stdout.splitlines()
+    table = run_cli("status", "--state-dir", str(tmp_path)).stdout.splitlines()
     assert table[0].split()[:2] == ["JOB", "LAST"]
     assert [line.split()[0] for line in table[1:3]] == ["broken", "ok"]
     assert "broken: last error: RuntimeError: disk full" in table
@@ -84,11 +72,11 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
 
 
 def test_a_state_dir_nobody_used_is_one_clear_line(tmp_path: Path) -> None:
-    result = replicron("status", "--state-dir", str(tmp_path / "nothing"))
+    result = run_cli("status", "--state-dir", str(tmp_path / "nothing"))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert "has no replicron ledger" in result.stderr
-    both = replicron("status", "--state-dir", str(tmp_path), "--database-url", "postgresql://x")
+    both = run_cli("status", "--state-dir", str(tmp_path), "--database-url", "postgresql://x")
     assert both.returncode == 2
     assert "not both" in both.stderr
 
