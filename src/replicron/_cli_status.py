@@ -41,7 +41,7 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
         return
     table = [
         ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "TOOK", "LAST SUCCESS", "RUNNING",
-         "NEXT DUE", "STATE", "MISSED"),
+         "NEXT DUE", "STATE", "MISSED 24H"),
     ]  # fmt: skip
     for view in status.jobs:
         table.append(

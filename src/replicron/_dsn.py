@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["mask_dsn", "plain_postgres_url"]
+__all__ = ["mask_dsn", "mask_secrets", "plain_postgres_url"]
 
 # scheme://user:SECRET@host...: the secret runs to the authority's last "@" (a password may
 # hold "#", "@" or "?" unescaped; libpq reads them so), not past the path's "/" or a space.
@@ -27,6 +27,21 @@ def mask_dsn(text: str) -> str:
     ``***``: in URLs (any scheme, SQLAlchemy's included) and in key=value strings."""
     masked = _URL_PASSWORD.sub(r"\g<head>***", text)
     return _KEYWORD_PASSWORD.sub(r"\g<head>***", masked)
+
+
+# Free text (a job's error) may carry a secret in other shapes: PGPASSWORD=..., a settings
+# dict's 'password': '...', passwd=/pwd= of other drivers.
+_NAMED_SECRET = re.compile(
+    r"""(?P<head>\b(?:pg)?(?:password|passwd|pwd)\b['"]?\s*[=:]\s*)"""
+    r"""(?P<secret>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,;&}'"]+)""",
+    re.I,
+)
+
+
+def mask_secrets(text: str) -> str:
+    """:func:`mask_dsn`, and passwords named in other ways (``PGPASSWORD=...``,
+    ``'password': '...'``, ``passwd=...``): for text from elsewhere, such as a job's error."""
+    return _NAMED_SECRET.sub(r"\g<head>***", mask_dsn(text))
 
 
 def plain_postgres_url(dsn: str) -> str:

@@ -72,6 +72,7 @@ def _build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("pause", "pause a job on every replica: its ticks are recorded paused, none runs"),
         ("resume", "resume a paused job from its next tick (paused ticks are not replayed)"),
+        ("forget", "expect a job dropped from the code no more (its runs stay in the ledger)"),
     ):
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
         command.add_argument("job", help="the job's name")
@@ -191,6 +192,22 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_forget(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    gone, live = asyncio.run(_guard_unmigrated(backend, backend.forget(args.job)))
+    if live:
+        print(
+            f"{args.job!r} is still scheduled by live replicas {', '.join(live)}: remove it "
+            "from their code first"
+        )
+        return 1
+    if gone:
+        print(f"forgot {args.job!r}: no longer expected (it was registered by {', '.join(gone)})")
+    else:
+        print(f"{args.job!r} is not in the registry")
+    return 0
+
+
 async def _guard_unmigrated(backend: Any, call: Awaitable[_T]) -> _T:
     try:
         return await call
@@ -242,6 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _cmd_status,
         "pause": _cmd_pause,
         "resume": _cmd_resume,
+        "forget": _cmd_forget,
         "demo": _cmd_demo,
     }
     try:

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from ._dsn import mask_secrets
+
 __all__ = [
     "DEFAULT_OVERDUE_GRACE",
+    "MOST_EXPECTED",
     "ClusterStatus",
     "JobDefinition",
     "JobStatus",
@@ -33,6 +36,8 @@ __all__ = [
 #: How long after an expected tick a job without a row for it is overdue, for a job without
 #: ``misfire_grace`` (with it, the grace is the job's own).
 DEFAULT_OVERDUE_GRACE = timedelta(minutes=1)
+#: Expected ticks a replica writes per job at most (see :class:`JobDefinition`).
+MOST_EXPECTED = 100
 #: Outcomes of a last run that ``problems`` reports.
 _FAILED_OUTCOMES = ("failed", "timed_out", "abandoned")
 
@@ -50,8 +55,8 @@ class JobDefinition:
     #: A tick without a row this long after it makes the job overdue.
     grace: timedelta
     #: The next ticks this replica expects, ascending: at least the next two (if the job has
-    #: them), and every one within a couple of minutes (at most 100). Beyond the last, a
-    #: reader extrapolates by the spacing of the last two.
+    #: them), and every one within a couple of minutes, at most ``MOST_EXPECTED``. Beyond a
+    #: list that long, a reader extrapolates by the spacing of its last two.
     expected: tuple[datetime, ...]
 
 
@@ -93,6 +98,7 @@ class JobStatus:
     last_error: str | None
     last_success_at: datetime | None
     running: tuple[tuple[str, int], ...]  # (replica id, run id) of runs going on now
+    #: Ticks recorded missed in the last day.
     missed: int
     #: Open runs whose heartbeat is stale: their replica is frozen or cut off. While its server
     #: session still holds the job's lock, the job is blocked.
@@ -176,9 +182,15 @@ class ClusterStatus:
             name = view.job
             if view.overdue_since is not None:
                 late = how_long(self.read_at - view.overdue_since)
+                hint = ""
+                if not view.scheduled_by and any(r.alive for r in self.replicas):
+                    hint = (
+                        " (no live replica schedules it: if it was dropped on purpose, "
+                        f"`replicron forget {name}`)"
+                    )
                 lines.append(
                     f"{name}: overdue: the tick due at {_iso(view.overdue_since)} has no run "
-                    f"{late} after it"
+                    f"{late} after it{hint}"
                 )
             if view.drift:
                 shapes = "; ".join(f"{r.replica_id}: {r.trigger}" for r in view.drift)
@@ -237,27 +249,23 @@ def build_status(
     ``expected``), the tick's grace has passed, and the ledger has no row at or after that
     tick: nobody ran it, skipped it, paused it or recorded it missed. Registrations of replicas that
     are gone still count: a job whose replicas all stopped goes overdue at its next tick.
-    A paused job is never overdue, nor one that no live replica schedules any more while
-    every live replica started after its registrations were last written (a deploy that
-    dropped it): it is *retired*, shown with no replica scheduling it.
+    When some live replica schedules the job, only the live replicas' expectations count.
+    A paused job is never overdue. A job dropped from the code stays overdue until it is
+    forgotten (``replicron forget``): that a job stopped on purpose is for a person to say.
     """
     runs = {status.job: status for status in ledger}
     paused = {pause.job: pause for pause in pauses}
     by_job: dict[str, list[Registration]] = {}
     for registration in registrations:
         by_job.setdefault(registration.job, []).append(registration)
-    live_starts = [r.started_at for r in replicas if r.alive]
     views = []
     for name in sorted(set(runs) | set(by_job) | set(paused)):
         status = runs.get(name)
         regs = by_job.get(name, [])
         live = [r for r in regs if r.alive]
-        retired = (
-            bool(regs)
-            and not live
-            and bool(live_starts)
-            and all(started > max(r.last_seen for r in regs) for started in live_starts)
-        )
+        # The live replicas' expectations are fresh; those of replicas that are gone stand
+        # only when no live replica schedules the job (every replica down, or the job's).
+        expecting = live or regs
         views.append(
             JobView(
                 job=name,
@@ -267,14 +275,17 @@ def build_status(
                 last_replica=status.last_replica if status else None,
                 last_started_at=status.last_started_at if status else None,
                 last_finished_at=status.last_finished_at if status else None,
-                last_error=status.last_error if status else None,
+                # A job's error may quote a connection string: never shown with its password.
+                last_error=mask_secrets(status.last_error)
+                if status and status.last_error
+                else None,
                 last_success_at=status.last_success_at if status else None,
                 running=status.running if status else (),
                 blocked_by=status.stale_running if status else (),
-                next_due=_next_due(live or regs, status.last_tick if status else None),
+                next_due=_next_due(expecting, status.last_tick if status else None),
                 overdue_since=None
-                if name in paused or retired
-                else _overdue_since(regs, status.last_tick if status else None, now),
+                if name in paused
+                else _overdue_since(expecting, status.last_tick if status else None, now),
                 paused=paused.get(name),
                 drift=tuple(live) if len({r.fingerprint for r in live}) > 1 else (),
                 missed=status.missed if status else 0,
@@ -314,7 +325,9 @@ def _expected_after(registration: Registration, last_tick: datetime | None) -> d
     if last_tick is None:
         return expected[0]
     following = next((tick for tick in expected if tick > last_tick), None)
-    if following is not None or len(expected) < 2:
+    if following is not None or len(expected) < MOST_EXPECTED:
+        # A list short of the most covers the horizon: nothing past it can be guessed (an
+        # uneven cron, a jittered interval, the last of max_runs).
         return following
     step = expected[-1] - expected[-2]
     if step <= timedelta(0):
@@ -382,6 +395,6 @@ def _job_json(view: JobView) -> dict[str, Any]:
             {"replica_id": r.replica_id, "trigger": r.trigger, "fingerprint": r.fingerprint}
             for r in view.drift
         ],
-        "missed": view.missed,
+        "missed_24h": view.missed,
         "scheduled_by": list(view.scheduled_by),
     }

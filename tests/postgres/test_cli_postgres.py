@@ -55,7 +55,7 @@ def test_status_lists_jobs(dsn: str) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
         "JOB", "LAST", "TICK", "OUTCOME", "REPLICA", "TOOK", "LAST", "SUCCESS", "RUNNING",
-        "NEXT", "DUE", "STATE", "MISSED",
+        "NEXT", "DUE", "STATE", "MISSED", "24H",
     ]  # fmt: skip
     broken_row = lines[1].split()
     assert broken_row[:4] == ["broken", "2026-01-01T00:00:10+00:00", "failed", "node-1"]
@@ -155,3 +155,32 @@ def test_status_of_an_empty_namespace_lists_the_namespaces_with_runs(dsn: str) -
         "no runs recorded in namespace ''",
         "namespaces with runs: 'billing/' (1 runs); choose one with --namespace",
     ]
+
+
+def test_registrations_of_dropped_jobs_go_by_replica_id_or_by_forget(dsn: str) -> None:
+    clock = FakeClock(z(2026, 1, 1))
+    old = Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="web-1")
+    for name in ("kept", "dropped", "moved"):
+        old.add_job(every(seconds=10), lambda: None, name=name)
+    with old:
+        pass
+    # The same replica id again (a restarted container), without two of the jobs: its rows
+    # of them go as it starts; another replica's job is forgotten by hand.
+    new = Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="web-1")
+    new.add_job(every(seconds=10), lambda: None, name="kept")
+    other = Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="web-2")
+    other.add_job(every(seconds=10), lambda: None, name="moved")
+    with other:
+        pass
+    with new:
+        registered = {(v.job, v.scheduled_by) for v in new.cluster_status().jobs}
+        assert registered == {("kept", ("web-1",)), ("moved", ())}
+        refused = run_cli("forget", "kept", "--database-url", dsn)
+        assert refused.returncode == 1
+        assert "still scheduled by live replicas web-1" in refused.stdout
+        forgotten = run_cli("forget", "moved", "--database-url", dsn)
+        assert forgotten.returncode == 0, forgotten.stderr
+        assert (
+            forgotten.stdout == "forgot 'moved': no longer expected (it was registered by web-2)\n"
+        )
+        assert [v.job for v in new.cluster_status().jobs] == ["kept"]

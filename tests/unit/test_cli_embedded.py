@@ -92,3 +92,56 @@ def test_the_status_of_an_unopened_backend_is_read_from_any_loop(tmp_path: Path)
     assert view is not None
     assert view.trigger == "every(timedelta(seconds=10))"
     assert view.next_due == START + timedelta(seconds=10)
+
+
+def leaky() -> None:
+    raise RuntimeError("cannot reach postgresql://etl:Hunter2Secret@dw.internal/dw")
+
+
+def test_a_dropped_job_stays_overdue_until_forgotten_and_no_output_shows_a_password(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(START)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="old-build")
+    s.add_job(every(seconds=10), leaky, name="etl")
+    with s:
+        assert clock.wait_for_sleepers(1)
+        clock.set(START + timedelta(seconds=10))
+        s.wait_idle()
+    outputs = [
+        run_cli("status", "--state-dir", str(tmp_path), *flags) for flags in ([], ["--json"])
+    ]
+    check = run_cli("status", "--state-dir", str(tmp_path), "--check")
+    assert check.returncode == 1
+    assert [line.split(":")[1].strip() for line in check.stdout.splitlines()] == [
+        "overdue",
+        "last run failed (tick 2026-01-01T00",
+    ]
+    for result in [*outputs, check]:
+        assert "Hunter2Secret" not in result.stdout + result.stderr
+        assert "postgresql://etl:***@dw.internal/dw" in result.stdout
+
+    forgotten = run_cli("forget", "etl", "--state-dir", str(tmp_path))
+    assert forgotten.returncode == 0, forgotten.stderr
+    assert forgotten.stdout == "forgot 'etl': no longer expected (it was registered by old-build)\n"
+    after = run_cli("status", "--state-dir", str(tmp_path), "--check")
+    assert [line.split(":")[1].strip() for line in after.stdout.splitlines()] == [
+        "last run failed (tick 2026-01-01T00"
+    ]
+    again = run_cli("forget", "etl", "--state-dir", str(tmp_path))
+    assert again.stdout == "'etl' is not in the registry\n"
+
+
+def test_a_job_a_live_replica_schedules_is_not_forgotten(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="live")
+    s.add_job(every(seconds=10), lambda: None, name="ok")
+    with s:
+        refused = run_cli("forget", "ok", "--state-dir", str(tmp_path))
+        assert refused.returncode == 1
+        assert refused.stdout == (
+            "'ok' is still scheduled by live replicas live: remove it from their code first\n"
+        )
+        view = s.cluster_status().job("ok")
+        assert view is not None
+        assert view.scheduled_by == ("live",)

@@ -13,6 +13,7 @@ import pytest
 
 from replicron import MemoryBackend, MemoryState, Outcome, Scheduler, cron, every
 from replicron.cluster import (
+    MOST_EXPECTED,
     JobStatus,
     Pause,
     Registration,
@@ -222,26 +223,57 @@ def test_a_paused_job_is_never_overdue() -> None:
     assert status.problems() == []
 
 
-def test_a_job_no_live_replica_knows_any_more_is_retired_not_overdue() -> None:
-    """A deploy that dropped the job: every live replica started after the old ones last
-    wrote it. With no replica alive at all, the same row makes the job overdue."""
-    old = replace(
-        registration("gone", "old", NOW - timedelta(minutes=30), alive=False),
-        last_seen=NOW - timedelta(minutes=29),
-    )
+def test_a_job_whose_replicas_are_gone_stays_overdue_whoever_else_is_up() -> None:
+    """Another replica of the namespace starting, or a deploy that dropped the job: nothing
+    tells these apart from a job that silently stopped, so it stays overdue, with a hint,
+    until a person forgets it."""
+    old = registration("gone", "old", NOW - timedelta(minutes=30), alive=False)
     rows = [ledger("gone", NOW - timedelta(hours=1))]
-    dropped = build_status(
+    others_up = build_status(
         "", NOW, rows, [old], [], [replica("new", NOW - timedelta(minutes=5), True)]
     )
-    up = [replica("new", NOW - timedelta(minutes=5), True)]
-    old_still_up = replica("old2", NOW - timedelta(days=1), True)
-    rolling = build_status("", NOW, rows, [old], [], [*up, old_still_up])
     nobody_up = build_status(
         "", NOW, rows, [old], [], [replica("old", NOW - timedelta(days=1), False)]
     )
-    assert [v.overdue for v in dropped.jobs] == [False]
-    assert [v.overdue for v in rolling.jobs] == [True]
+    assert [v.overdue for v in others_up.jobs] == [True]
+    assert others_up.problems()[0].endswith(
+        "if it was dropped on purpose, `replicron forget gone`)"
+    )
     assert [v.overdue for v in nobody_up.jobs] == [True]
+    assert "forget" not in nobody_up.problems()[0]
+
+
+def test_the_live_replicas_expectations_are_the_ones_that_count() -> None:
+    """A stopped replica's old list (an uneven cron's ticks) is no guide once a live replica
+    schedules the job and runs it."""
+    uneven = (NOW - timedelta(minutes=10), NOW - timedelta(minutes=9, seconds=50))
+    stopped = replace(registration("j", "old", None, alive=False), expected=uneven)
+    live = registration("j", "new", NOW + timedelta(seconds=10))
+    rows = [ledger("j", NOW - timedelta(seconds=5))]
+    status = build_status("", NOW, rows, [stopped, live], [], [replica("new", NOW, True)])
+    view = status.job("j")
+    assert view is not None
+    assert not view.overdue
+    assert view.next_due == NOW + timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(("length", "overdue"), [(MOST_EXPECTED, True), (3, False)])
+def test_past_the_list_a_reader_extrapolates_only_a_list_cut_at_its_most(
+    length: int, overdue: bool
+) -> None:
+    """A list cut at MOST_EXPECTED (a fast job) goes on by its spacing; a shorter one covered
+    the job's horizon, and nothing past it can be told (an uneven cron, the last of
+    max_runs)."""
+    start = NOW - timedelta(minutes=10)
+    ticks = tuple(start + timedelta(seconds=n) for n in range(length))
+    gone = replace(registration("j", "r1", None, alive=False), expected=ticks)
+    rows = [ledger("j", ticks[-1])]
+    status = build_status("", NOW, rows, [gone], [], [replica("r1", start, False)])
+    view = status.job("j")
+    assert view is not None
+    assert view.overdue is overdue
+    if overdue:
+        assert view.overdue_since == ticks[-1] + timedelta(seconds=1)
 
 
 def test_problems_name_failures_drift_and_frozen_holders() -> None:
@@ -322,3 +354,50 @@ def test_a_stopping_replica_leaves_its_latest_expectations_and_drops_removed_job
     assert expected["kept"][0] == START + timedelta(minutes=6)
     status = asyncio.run(MemoryBackend(state).cluster_status())
     assert [r.alive for r in status.replicas] == []  # it closed: no longer a replica
+
+
+def test_a_process_under_a_known_replica_id_drops_the_rows_it_does_not_schedule(
+    clock: FakeClock, state: MemoryState
+) -> None:
+    """A restarted container keeps its hostname and pid, so its replica id: the jobs a new
+    version dropped must not stay registered under that id."""
+    before = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="web-1")
+    before.add_job(every(minutes=1), noop, name="kept")
+    before.add_job(every(minutes=1), noop, name="dropped")
+    before.start()
+    before.shutdown()
+    after = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="web-1")
+    after.add_job(every(minutes=1), noop, name="kept")
+    after.start()
+    try:
+        assert list(written(state, "web-1")) == ["kept"]
+    finally:
+        after.shutdown()
+
+
+class EveryHour:
+    """A trigger of one's own, without a ``__repr__``."""
+
+    def next_after(self, instant: datetime, /) -> datetime | None:
+        return instant.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+
+def test_a_trigger_without_a_repr_is_one_definition_on_every_replica(
+    clock: FakeClock, state: MemoryState
+) -> None:
+    replicas = [
+        Scheduler(clock=clock, backend=MemoryBackend(state), replica_id=name)
+        for name in ("r1", "r2")
+    ]
+    for scheduler in replicas:
+        scheduler.add_job(EveryHour(), noop, name="hourly")
+        scheduler.start()
+    try:
+        view = replicas[1].cluster_status().job("hourly")
+        assert view is not None
+        assert view.drift == ()
+        assert view.trigger is not None
+        assert view.trigger.endswith("EveryHour object>")
+    finally:
+        for scheduler in replicas:
+            scheduler.shutdown()

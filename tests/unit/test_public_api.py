@@ -106,6 +106,7 @@ EXPECTED = {
     "replicron.cli": ["main"],
     "replicron.cluster": [
         "DEFAULT_OVERDUE_GRACE",
+        "MOST_EXPECTED",
         "ClusterStatus",
         "JobDefinition",
         "JobStatus",

@@ -20,12 +20,19 @@ import contextlib
 import hashlib
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from replicron.cluster import DEFAULT_OVERDUE_GRACE, ClusterStatus, JobDefinition, Registration
+from replicron.cluster import (
+    DEFAULT_OVERDUE_GRACE,
+    MOST_EXPECTED,
+    ClusterStatus,
+    JobDefinition,
+    Registration,
+)
 from replicron.errors import JobNotFoundError
 
 from .observe import Observer
@@ -44,17 +51,16 @@ SETTLE = 0.5
 #: A job's expected ticks reach this far ahead when written, and are written again when
 #: less than half of it is left: a replica that dies leaves a reader enough to go on.
 HORIZON = timedelta(minutes=2)
-#: Expected ticks written per job at most (beyond them a reader extrapolates).
-MOST_EXPECTED = 100
 #: Seconds the last write may take at shutdown.
 LAST_WRITE = 2.0
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+", re.I)
 
 StatusCallback = Callable[[ClusterStatus | None], None]
 
 
 class _Registry(Protocol):
     async def announce(
-        self, definitions: list[JobDefinition], removed: list[str]
+        self, definitions: list[JobDefinition], removed: list[str], complete: bool
     ) -> list[Registration]: ...
 
     async def cluster_status(self) -> ClusterStatus: ...
@@ -63,9 +69,15 @@ class _Registry(Protocol):
 def trigger_text(spec: JobSpec) -> str:
     """The trigger as a person wrote it: an interval anchored on the job's own name (what
     ``every`` does by default) says so no more."""
-    text = repr(spec.trigger)
+    text = _stable_repr(spec.trigger)
     anchored = f".for_job({spec.name!r})"
     return text[: -len(anchored)] if text.endswith(anchored) else text
+
+
+def _stable_repr(trigger: object) -> str:
+    """``repr(trigger)`` without memory addresses: a trigger of one's own without a
+    ``__repr__`` is the same on every replica."""
+    return _ADDRESS.sub("", repr(trigger))
 
 
 def _grace(spec: JobSpec) -> timedelta:
@@ -77,7 +89,7 @@ def fingerprint_of(spec: JobSpec) -> str:
     func = spec.func
     where = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func))}"
     shape = (
-        repr(spec.trigger), spec.overlap, spec.timeout, spec.start_at, spec.stop_at,
+        _stable_repr(spec.trigger), spec.overlap, spec.timeout, spec.start_at, spec.stop_at,
         spec.max_runs, spec.catch_up, spec.misfire_grace, where, spec.is_async,
     )  # fmt: skip
     return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
@@ -191,9 +203,10 @@ class ClusterWatch:
         stale = time.monotonic() - self._written_at >= REWRITE_EVERY
         if not (changed or removed or force or stale):
             return
-        if force or stale:
-            changed = list(current.values())  # every row, so last_seen tells it is alive
-        drift = await self._backend.announce(changed, removed)
+        complete = force or stale
+        if complete:  # every row: last_seen says it is current, and no row of another is left
+            changed = list(current.values())
+        drift = await self._backend.announce(changed, removed, complete)
         self._written = current
         self._removed -= set(removed)
         self._written_at = time.monotonic()

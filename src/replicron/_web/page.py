@@ -44,7 +44,7 @@ _JOB_COLUMNS = (
     ("Last run", 15),
     ("Last success", 10),
     ("Next due", 11),
-    ("Missed", 6),
+    ("Missed 24 h", 6),
     ("Last error", 0),
 )
 _REPLICA_COLUMNS = (
@@ -224,7 +224,7 @@ def _job_row(view: JobView, now: datetime) -> str:
         ("Last run", _last_run(view, now), ""),
         ("Last success", _when(view.last_success_at, now, never="never"), ""),
         ("Next due", _when(view.next_due, now, never="none expected"), ""),
-        ("Missed", missed, ""),
+        ("Missed 24 h", missed, ""),
         ("Last error", error, ""),
     )
     tds = "".join(_td(*cell) for cell in cells)

@@ -23,12 +23,16 @@ from ._ledger import Ledger, now_us, process_alive
 
 __all__ = [
     "announce",
+    "forget",
     "paused_jobs",
     "read_cluster",
     "register_replica",
     "replica_stopped",
     "set_paused",
 ]
+
+#: Misses are counted over the last day.
+_DAY_US = 86_400_000_000
 
 
 def register_replica(conn: sqlite3.Connection, replica: str, pid: int, start: int | None) -> None:
@@ -57,10 +61,13 @@ def announce(
     replica: str,
     definitions: Sequence[JobDefinition],
     removed: Sequence[str],
+    complete: bool,
 ) -> list[Registration]:
-    """Write this replica's changed definitions; the live registrations of its jobs that
-    differ from its own (drift)."""
+    """Write this replica's changed definitions (with ``complete``, all of them: its other
+    rows go); the live registrations of its jobs that differ from its own (drift)."""
     now = now_us()
+    if complete:
+        conn.execute("DELETE FROM replicron_jobs WHERE replica_id = ?", (replica,))
     conn.executemany(
         "INSERT INTO replicron_jobs (job, replica_id, trigger, fingerprint, grace, expected,"
         " last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, replica_id) DO UPDATE SET"
@@ -88,6 +95,27 @@ def announce(
         (replica,),
     ).fetchall()
     return [_registration(row[:7], True) for row in rows if process_alive(row[7], row[8])]
+
+
+def forget(ledger: Ledger, job: str) -> tuple[list[str], list[str]]:
+    """Drop the registrations of ``job`` by replicas that are gone: (those dropped, the live
+    replicas that still schedule it)."""
+    with ledger.write() as conn:
+        rows = conn.execute(
+            "SELECT job.replica_id, seen.pid, seen.pid_start, seen.stopped_at"
+            " FROM replicron_jobs job"
+            " LEFT JOIN replicron_replicas seen ON seen.replica_id = job.replica_id"
+            " WHERE job.job = ? ORDER BY job.replica_id",
+            (job,),
+        ).fetchall()
+        live = [r for r, pid, start, stopped in rows
+                if pid is not None and stopped is None and process_alive(pid, start)]  # fmt: skip
+        gone = [r for r, *_ in rows if r not in live]
+        conn.executemany(
+            "DELETE FROM replicron_jobs WHERE job = ? AND replica_id = ?",
+            [(job, r) for r in gone],
+        )
+    return gone, live
 
 
 def set_paused(ledger: Ledger, job: str, paused: bool, by: str) -> bool:
@@ -155,10 +183,10 @@ def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
     ).fetchone()
     [(success, missed, last_tick)] = conn.execute(
         "SELECT max(finished_at) FILTER (WHERE outcome = 'succeeded'),"
-        " count(*) FILTER (WHERE outcome = 'missed'),"
+        " count(*) FILTER (WHERE outcome = 'missed' AND scheduled_at > ?),"
         " max(scheduled_at) FILTER (WHERE manual = 0)"
         " FROM replicron_runs WHERE job = ?",
-        (job,),
+        (now_us() - _DAY_US, job),
     ).fetchall()
     running = tuple(
         (replica, run_id)

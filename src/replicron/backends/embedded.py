@@ -45,6 +45,7 @@ from replicron.keys import LockKeyRegistry, job_lock_key
 from ._ledger import Ledger, now_us, process_start
 from ._sqlite_cluster import (
     announce,
+    forget,
     paused_jobs,
     read_cluster,
     register_replica,
@@ -208,17 +209,18 @@ class EmbeddedBackend:
     # ---- the cluster's registry, pauses and status -------------------------------------
 
     async def announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
-        """Write the jobs this replica schedules (as changed) to the registry; returns the
-        registrations of its jobs by live replicas that define them differently."""
-        return await self._call(self._announce, definitions, removed)
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        return await self._call(self._announce, definitions, removed, complete)
 
     def _announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
         with self._require().write() as conn:
-            return announce(conn, self.replica_id, definitions, removed)
+            return announce(conn, self.replica_id, definitions, removed, complete)
 
     async def cluster_status(self) -> ClusterStatus:
         """The jobs, pauses and replicas of the state directory (a connection of its own:
@@ -233,6 +235,11 @@ class EmbeddedBackend:
     async def resume(self, job: str) -> bool:
         """Resume ``job``; False if it was not paused."""
         return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await asyncio.to_thread(self._with_ledger, forget, job)
 
     def _with_ledger(self, work: Callable[..., _T], *args: Any) -> _T:
         if not self.ledger_path.is_file():

@@ -254,17 +254,19 @@ class MemoryBackend:
     # ---- the cluster's registry, pauses and status --------------------------------------
 
     async def announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
-        """Note what this replica schedules; returns the registrations of its jobs by live
-        handles that differ from its own (drift)."""
+        """Note what this replica schedules (with ``complete``, all of it); returns the
+        registrations of its jobs by live handles that differ from its own (drift)."""
         now = datetime.now(UTC)
         replica, state = self.replica_id, self.state
         with state.lock:
-            for definition in definitions:
-                state.registry[definition.job, replica] = (definition, now)
+            if complete:
+                removed = [job for job, who in state.registry if who == replica]
             for name in removed:
                 state.registry.pop((name, replica), None)
+            for definition in definitions:
+                state.registry[definition.job, replica] = (definition, now)
             mine = {job: d.fingerprint for (job, who), (d, _) in state.registry.items()
                     if who == replica}  # fmt: skip
             return [
@@ -286,6 +288,16 @@ class MemoryBackend:
         """Resume ``job``; False if it was not paused."""
         with self.state.lock:
             return self.state.paused.pop(job, None) is not None
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """Drop the registrations of ``job`` by handles that closed: (those dropped, the
+        open handles that still schedule it)."""
+        with self.state.lock:
+            replicas = sorted(who for name, who in self.state.registry if name == job)
+            gone = [who for who in replicas if who not in self.state.replicas]
+            for who in gone:
+                del self.state.registry[job, who]
+        return gone, [who for who in replicas if who not in gone]
 
     async def cluster_status(self) -> ClusterStatus:
         now = datetime.now(UTC)

@@ -25,7 +25,14 @@ from ._session import BackendUnavailableError
 from ._sql import queries
 from ._status import job_status, replica_status
 
-__all__ = ["announce_params", "read_cluster", "read_namespaces", "registration", "set_paused"]
+__all__ = [
+    "announce_params",
+    "forget_job",
+    "read_cluster",
+    "read_namespaces",
+    "registration",
+    "set_paused",
+]
 
 
 def registration(row: tuple[Any, ...], alive: bool = True) -> Registration:
@@ -36,8 +43,11 @@ def registration(row: tuple[Any, ...], alive: bool = True) -> Registration:
     )  # fmt: skip
 
 
-def announce_params(definitions: Sequence[JobDefinition], removed: Sequence[str]) -> dict[str, Any]:
+def announce_params(
+    definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+) -> dict[str, Any]:
     return {
+        "complete": complete,
         "jobs": [d.job for d in definitions],
         "triggers": [d.trigger for d in definitions],
         "fingerprints": [d.fingerprint for d in definitions],
@@ -112,3 +122,16 @@ async def read_namespaces(conninfo: str, connect_timeout: float) -> dict[str, in
 
 def _array(ticks: Sequence[datetime]) -> str:
     return "{" + ",".join(tick.astimezone(UTC).isoformat() for tick in ticks) + "}"
+
+
+async def forget_job(
+    conninfo: str, namespace: str, job: str, stale_after: float, connect_timeout: float
+) -> tuple[list[str], list[str]]:
+    """Drop the registrations of ``job`` by replicas that are gone: (those dropped, the live
+    replicas that still schedule it)."""
+    params = {"namespace": namespace, "job": job, "stale_after": timedelta(seconds=stale_after)}
+    conn = await _connect(conninfo, connect_timeout)
+    async with conn:
+        cursor = await conn.execute(queries()["forget"], params)
+        rows: list[tuple[str, bool]] = await cursor.fetchall()
+    return [r for r, gone in rows if gone], [r for r, gone in rows if not gone]

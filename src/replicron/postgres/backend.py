@@ -40,6 +40,7 @@ from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._cluster import (
     announce_params,
+    forget_job,
     read_cluster,
     read_namespaces,
     registration,
@@ -431,14 +432,15 @@ class PostgresBackend:
     # ---- the cluster's registry and pauses ----------------------------------------------
 
     async def announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str]
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
-        """Write the jobs this replica schedules (as changed) to the registry; returns the
-        registrations of its jobs by live replicas that define them differently."""
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
         rows = await self._fetch(
             "announce", retry=True, replica=self.replica_id,
             stale_after=timedelta(seconds=self.stale_after),
-            **announce_params(definitions, removed),
+            **announce_params(definitions, removed, complete),
         )  # fmt: skip
         return [registration(row) for row in rows]
 
@@ -457,6 +459,13 @@ class PostgresBackend:
     async def resume(self, job: str) -> bool:
         """Resume ``job``; False if it was not paused."""
         return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await forget_job(
+            self.conninfo, self.namespace, job, self.stale_after, self.connect_timeout
+        )
 
     async def _housekeep(self) -> None:
         """Heartbeat (open ticks, our locks, the clock offset, unwritten outcomes); now and

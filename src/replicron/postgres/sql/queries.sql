@@ -297,7 +297,12 @@ WITH refreshed AS (
             %(stale_after)s::interval)
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
-        last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after
+        last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after,
+        -- A replica id used again by a new process (a restarted container): it starts anew.
+        started_at = CASE WHEN r.stopped_at IS NOT NULL
+                            OR r.last_seen <= now() - coalesce(r.stale_after,
+                                                               excluded.stale_after)
+                          THEN now() ELSE r.started_at END
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -388,35 +393,52 @@ WITH deleted AS (
 SELECT count(*) FROM deleted;
 
 -- name: status
--- Per job: the latest finished run, the latest success, open runs, the number of misses,
--- the open runs whose heartbeat is stale, and the latest tick with a row.
-SELECT job,
-       (array_agg(replica_id ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
-           AS last_replica,
-       max(scheduled_at) FILTER (WHERE outcome IS NOT NULL) AS last_scheduled_at,
-       (array_agg(started_at ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
-           AS last_started_at,
-       (array_agg(finished_at ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
-           AS last_finished_at,
-       (array_agg(outcome ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
-           AS last_outcome,
-       (array_agg(error ORDER BY scheduled_at DESC) FILTER (WHERE outcome IS NOT NULL))[1]
-           AS last_error,
-       max(finished_at) FILTER (WHERE outcome = 'succeeded') AS last_success_at,
-       coalesce(array_agg(replica_id || ' ' || run_id ORDER BY run_id)
-                FILTER (WHERE outcome IS NULL AND started_at IS NOT NULL), '{}') AS running,
-       count(*) FILTER (WHERE outcome = 'missed') AS missed,
+-- Per job: the latest finished run, the latest success, open runs, the misses of the last
+-- day, the open runs whose heartbeat is stale, and the latest tick with a row. A handful of
+-- index lookups per job (the jobs found by skipping through the ledger's unique index), never
+-- a pass over the whole history: it is read every few seconds by every replica that exports
+-- metrics.
+WITH RECURSIVE jobs AS (
+    (SELECT job FROM replicron_runs WHERE namespace = %(namespace)s ORDER BY job LIMIT 1)
+    UNION ALL
+    SELECT (SELECT run.job FROM replicron_runs run
+            WHERE run.namespace = %(namespace)s AND run.job > jobs.job
+            ORDER BY run.job LIMIT 1)
+    FROM jobs WHERE jobs.job IS NOT NULL
+)
+SELECT jobs.job, last.replica_id, last.scheduled_at, last.started_at, last.finished_at,
+       last.outcome, last.error,
+       (SELECT run.finished_at FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND run.outcome = 'succeeded'
+        ORDER BY run.scheduled_at DESC LIMIT 1) AS last_success_at,
+       coalesce(ARRAY(SELECT run.replica_id || ' ' || run.run_id FROM replicron_runs run
+                      WHERE run.namespace = %(namespace)s AND run.job = jobs.job
+                        AND run.outcome IS NULL AND run.started_at IS NOT NULL
+                      ORDER BY run.run_id), '{}') AS running,
+       (SELECT count(*) FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = jobs.job
+          AND run.scheduled_at > now() - interval '1 day' AND run.outcome = 'missed') AS missed,
        -- Open runs whose replica stopped heartbeating but whose session still holds the lock
        -- (a frozen process): they block the job until it wakes or is fenced.
-       coalesce(array_agg(replica_id || ' ' || run_id ORDER BY run_id)
-                FILTER (WHERE outcome IS NULL AND started_at IS NOT NULL
-                          AND heartbeat_at <= now() - %(stale_after)s::interval), '{}')
-           AS stale_running,
-       max(scheduled_at) FILTER (WHERE NOT manual) AS last_tick
-FROM replicron_runs
-WHERE namespace = %(namespace)s
-GROUP BY job
-ORDER BY job;
+       coalesce(ARRAY(SELECT run.replica_id || ' ' || run.run_id FROM replicron_runs run
+                      WHERE run.namespace = %(namespace)s AND run.job = jobs.job
+                        AND run.outcome IS NULL AND run.started_at IS NOT NULL
+                        AND run.heartbeat_at <= now() - %(stale_after)s::interval
+                      ORDER BY run.run_id), '{}') AS stale_running,
+       (SELECT run.scheduled_at FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND NOT run.manual
+        ORDER BY run.scheduled_at DESC LIMIT 1) AS last_tick
+FROM jobs
+LEFT JOIN LATERAL (
+    SELECT run.replica_id, run.scheduled_at, run.started_at, run.finished_at, run.outcome,
+           run.error
+    FROM replicron_runs run
+    WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND run.outcome IS NOT NULL
+    ORDER BY run.scheduled_at DESC
+    LIMIT 1
+) AS last ON true
+WHERE jobs.job IS NOT NULL
+ORDER BY jobs.job;
 
 -- name: replicas
 -- Replicas of the namespace: when each was last seen and its clock's offset.
@@ -433,8 +455,9 @@ SELECT namespace, count(*) FROM replicron_runs GROUP BY namespace ORDER BY names
 
 -- name: announce
 -- The jobs this replica schedules, as they changed (written, or removed), into the cluster's
--- registry; returns the registrations by live replicas of this replica's jobs whose
--- definitions differ from its own (drift).
+-- registry; with complete, the definitions are all of them and the replica's other rows go
+-- (left by an earlier process under the same replica id). Returns the registrations by live
+-- replicas of this replica's jobs whose definitions differ from its own (drift).
 WITH definition AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(triggers)s::text[], %(fingerprints)s::text[],
@@ -453,12 +476,12 @@ WITH definition AS MATERIALIZED (
 ), dropped AS (
     DELETE FROM replicron_jobs
     WHERE namespace = %(namespace)s AND replica_id = %(replica)s
-      AND job = ANY(%(removed)s::text[])
+      AND (job = ANY(%(removed)s::text[]) OR %(complete)s AND job <> ALL(%(jobs)s::text[]))
 ), mine AS MATERIALIZED (
     SELECT job, fingerprint FROM definition
     UNION ALL
     SELECT job, fingerprint FROM replicron_jobs
-    WHERE namespace = %(namespace)s AND replica_id = %(replica)s
+    WHERE namespace = %(namespace)s AND replica_id = %(replica)s AND NOT %(complete)s
       AND job <> ALL(%(jobs)s::text[]) AND job <> ALL(%(removed)s::text[])
 )
 SELECT other.job, other.replica_id, other.trigger, other.fingerprint, other.grace,
@@ -502,6 +525,25 @@ RETURNING job;
 DELETE FROM replicron_paused
 WHERE namespace = %(namespace)s AND job = %(job)s
 RETURNING job;
+
+-- name: forget
+-- A job dropped from the code: the registrations of replicas that are gone go, so that it is
+-- no longer expected (its runs stay). Returns every registration there was, and whether it
+-- went (a live replica's stays: it schedules the job).
+WITH gone AS (
+    DELETE FROM replicron_jobs job
+    WHERE job.namespace = %(namespace)s AND job.job = %(job)s
+      AND NOT EXISTS (
+          SELECT 1 FROM replicron_replicas seen
+          WHERE seen.namespace = job.namespace AND seen.replica_id = job.replica_id
+            AND seen.stopped_at IS NULL
+            AND seen.last_seen > now() - coalesce(seen.stale_after, %(stale_after)s::interval))
+    RETURNING replica_id
+)
+SELECT replica_id, replica_id IN (SELECT replica_id FROM gone)
+FROM replicron_jobs
+WHERE namespace = %(namespace)s AND job = %(job)s
+ORDER BY replica_id;
 
 -- name: prune_registry
 -- Retention: registrations not rewritten for the retention period (replicas long gone).
