@@ -401,3 +401,18 @@ def test_a_trigger_without_a_repr_is_one_definition_on_every_replica(
     finally:
         for scheduler in replicas:
             scheduler.shutdown()
+
+
+def test_a_limited_job_expects_no_more_ticks_than_it_has_runs_left(
+    clock: FakeClock, state: MemoryState
+) -> None:
+    scheduler = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="r1")
+    scheduler.add_job(every(seconds=1), noop, name="three", max_runs=3)
+    scheduler.start()
+    assert written(state, "r1")["three"] == tuple(START + timedelta(seconds=n) for n in (1, 2, 3))
+    for second in range(1, 4):
+        assert clock.wait_for_sleepers(1)
+        clock.set(START + timedelta(seconds=second))
+        scheduler.wait_idle()
+    scheduler.shutdown()
+    assert written(state, "r1")["three"] == ()  # its runs are over: nothing is expected

@@ -36,7 +36,7 @@ from replicron.cluster import (
 from replicron.errors import JobNotFoundError
 
 from .observe import Observer
-from .registry import JobRegistry
+from .registry import JobRegistry, JobState
 from .spec import JobSpec
 
 __all__ = ["ClusterWatch", "fingerprint_of", "trigger_text"]
@@ -93,6 +93,13 @@ def fingerprint_of(spec: JobSpec) -> str:
         spec.max_runs, spec.catch_up, spec.misfire_grace, where, spec.is_async,
     )  # fmt: skip
     return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
+
+
+def _runs_left(state: JobState) -> int:
+    """At most this many more ticks of the job: its max_runs less the runs this replica
+    started (the other replicas' count too, so the cluster may have fewer left)."""
+    limit = state.spec.max_runs
+    return MOST_EXPECTED if limit is None else max(0, limit - state.runs_started)
 
 
 class ClusterWatch:
@@ -183,14 +190,16 @@ class ClusterWatch:
             spec = state.spec
             written = self._written.get(spec.name)
             fingerprint = self._fingerprint(spec)
-            if (
-                written is not None and written.fingerprint == fingerprint
-                and (not written.expected or written.expected[-1] >= now + HORIZON / 2)
-            ):  # fmt: skip
-                current[spec.name] = written
-                continue
             try:
-                expected = self._expected(spec.name, now)
+                if (
+                    written is not None and written.fingerprint == fingerprint
+                    and (not written.expected or written.expected[-1] >= now + HORIZON / 2)
+                    # a job that has no more ticks (its max_runs reached) says so at once
+                    and (not written.expected or registry.next_runs(spec.name, 1))
+                ):  # fmt: skip
+                    current[spec.name] = written
+                    continue
+                expected = self._expected(spec.name, now, _runs_left(state))
             except JobNotFoundError:  # removed meanwhile
                 continue
             current[spec.name] = JobDefinition(
@@ -218,15 +227,18 @@ class ClusterWatch:
             known = self._fingerprints[spec.name] = (spec, fingerprint_of(spec))
         return known[1]
 
-    def _expected(self, name: str, now: datetime) -> tuple[datetime, ...]:
+    def _expected(self, name: str, now: datetime, runs_left: int) -> tuple[datetime, ...]:
         """The job's next ticks: at least two (if it has them) and those within the
-        horizon, at most MOST_EXPECTED."""
-        count, until = 2, now + HORIZON
+        horizon, at most MOST_EXPECTED, and no more than the runs it has left."""
+        most = min(MOST_EXPECTED, runs_left)
+        if most <= 0:
+            return ()
+        count, until = min(2, most), now + HORIZON
         while True:
             ticks = self._registry.next_runs(name, count)
-            if len(ticks) < count or ticks[-1] > until or count >= MOST_EXPECTED:
+            if len(ticks) < count or ticks[-1] > until or count >= most:
                 break
-            count = min(MOST_EXPECTED, count * 4)
+            count = min(most, count * 4)
         return tuple(tick for n, tick in enumerate(ticks) if n < 2 or tick <= until)
 
     def _warn_of(self, drift: list[Registration], mine: dict[str, JobDefinition]) -> None:
