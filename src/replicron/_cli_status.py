@@ -75,7 +75,9 @@ def _state(view: JobView, status: ClusterStatus) -> str:
         states.append("DRIFT")
     if view.blocked_by:
         states.append("BLOCKED")
-    if not view.scheduled_by and any(r.alive for r in status.replicas):
+    if not view.registered:
+        states.append("unregistered")
+    elif not view.scheduled_by and any(r.alive for r in status.replicas):
         states.append("unscheduled")
     return ",".join(states) or "ok"
 

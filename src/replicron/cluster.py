@@ -38,6 +38,8 @@ __all__ = [
 DEFAULT_OVERDUE_GRACE = timedelta(minutes=1)
 #: Expected ticks a replica writes per job at most (see :class:`JobDefinition`).
 MOST_EXPECTED = 100
+#: How old the last failure of a job nobody registers may be to still count as a problem.
+_HISTORY = timedelta(days=1)
 #: Outcomes of a last run that ``problems`` reports.
 _FAILED_OUTCOMES = ("failed", "timed_out", "abandoned")
 
@@ -150,6 +152,9 @@ class JobView:
     missed: int
     #: Live replicas that schedule the job.
     scheduled_by: tuple[str, ...]
+    #: Whether any replica, live or gone, has the job in the registry. A job dropped from the
+    #: code (and forgotten) is history: a failure of its older than a day is no problem.
+    registered: bool = True
 
     @property
     def overdue(self) -> bool:
@@ -195,7 +200,9 @@ class ClusterStatus:
             if view.drift:
                 shapes = "; ".join(f"{r.replica_id}: {r.trigger}" for r in view.drift)
                 lines.append(f"{name}: definition drift between replicas ({shapes})")
-            if view.last_outcome in _FAILED_OUTCOMES:
+            if view.last_outcome in _FAILED_OUTCOMES and (
+                view.registered or self._recent(view.last_finished_at or view.last_scheduled_at)
+            ):
                 error = f": {view.last_error}" if view.last_error else ""
                 at = _iso(view.last_scheduled_at)
                 lines.append(f"{name}: last run {view.last_outcome} (tick {at}){error}")
@@ -205,6 +212,9 @@ class ClusterStatus:
                     "while its session may hold the job's lock"
                 )
         return lines
+
+    def _recent(self, instant: datetime | None) -> bool:
+        return instant is not None and self.read_at - instant < _HISTORY
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON values: instants as ISO-8601 UTC strings, durations in seconds."""
@@ -290,6 +300,7 @@ def build_status(
                 drift=tuple(live) if len({r.fingerprint for r in live}) > 1 else (),
                 missed=status.missed if status else 0,
                 scheduled_by=tuple(sorted(r.replica_id for r in live)),
+                registered=bool(regs),
             )
         )
     jobs_of: dict[str, list[str]] = {}
@@ -397,4 +408,5 @@ def _job_json(view: JobView) -> dict[str, Any]:
         ],
         "missed_24h": view.missed,
         "scheduled_by": list(view.scheduled_by),
+        "registered": view.registered,
     }

@@ -416,3 +416,16 @@ def test_a_limited_job_expects_no_more_ticks_than_it_has_runs_left(
         scheduler.wait_idle()
     scheduler.shutdown()
     assert written(state, "r1")["three"] == ()  # its runs are over: nothing is expected
+
+
+@pytest.mark.parametrize(
+    ("age", "problem"), [(timedelta(hours=2), True), (timedelta(days=2), False)]
+)
+def test_a_failure_of_a_job_nobody_registers_is_history_after_a_day(
+    age: timedelta, problem: bool
+) -> None:
+    failed = replace(ledger("dropped", NOW - age, "failed"), last_finished_at=NOW - age)
+    status = build_status("", NOW, [failed], [], [], [replica("r1", NOW, True)])
+    assert [line.startswith("dropped: last run failed") for line in status.problems()] == (
+        [True] if problem else []
+    )

@@ -490,10 +490,11 @@ def test_an_async_scheduler_is_a_source() -> None:
 
     async def main() -> Response:
         clock, recorder = FakeClock(NOW), Recorder()
-        async with AsyncScheduler(
+        scheduler = AsyncScheduler(
             clock=clock, backend=MemoryBackend(), replica_id="web-1", listeners=[recorder]
-        ) as scheduler:
-            scheduler.add_job(every(seconds=5), broken, name="import-rows")
+        )
+        scheduler.add_job(every(seconds=5), broken, name="import-rows")
+        async with scheduler:  # registered as it starts
             for _ in range(10_000):  # yield until the scheduler waits on the fake clock
                 if clock.sleepers:
                     break

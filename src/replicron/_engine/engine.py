@@ -116,6 +116,8 @@ class Engine:
             retries=self._retries, observer=self.observer,
         )  # fmt: skip
         self.cluster = ClusterWatch(backend, self.registry, self.observer)
+        # The registry hears at once that a job expects no more ticks.
+        self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._poke_pending = False

@@ -85,6 +85,8 @@ class JobRegistry:
         self.clock, self.timezone, self.replica_id = clock, timezone, replica_id
         self._backend, self._life, self._wake = backend, life, wake
         self._changed = changed  # (listener hook, job name), after a change while running
+        #: Told (on the loop) of a job that reached its max_runs.
+        self.retired: Callable[[str], None] = lambda name: None
         self._lock = threading.RLock()
         self._jobs: dict[str, JobState] = {}
         self._planner = Planner()
@@ -268,6 +270,7 @@ class JobRegistry:
         """Plan no more ticks of ``name`` (it reached ``max_runs``)."""
         with self._lock:
             self._planner.remove(name)
+        self.retired(name)
 
     def wake_at(self) -> datetime | None:
         with self._lock:
