@@ -425,10 +425,18 @@ def test_retention_prunes_old_finished_rows_but_each_jobs_latest(tmp_path: Path)
                 " VALUES (?, ?, 'r', ?, ?)",
                 (job, to_us(tick(n)), claimed_at, outcome),
             )
+        for replica, seen in (("gone", old), ("recent", now_us())):  # registrations too
+            conn.execute(
+                "INSERT INTO replicron_jobs (job, replica_id, trigger, fingerprint, grace,"
+                " expected, last_seen) VALUES ('report', ?, 'every(...)', 'f', 0, '', ?)",
+                (replica, seen),
+            )
     run(run_and_close(tmp_path))  # the janitor runs at open
     with ledger(tmp_path) as conn:
         left = conn.execute("SELECT job, scheduled_at FROM replicron_runs ORDER BY 1, 2").fetchall()
+        registered = conn.execute("SELECT replica_id FROM replicron_jobs").fetchall()
     assert left == [("report", to_us(tick(3))), ("sync", to_us(tick(1)))]
+    assert registered == [("recent",)]
 
 
 def test_runs_pruned_by_retention_still_count_against_max_runs(tmp_path: Path) -> None:

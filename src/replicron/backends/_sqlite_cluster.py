@@ -25,6 +25,7 @@ __all__ = [
     "announce",
     "forget",
     "paused_jobs",
+    "prune_registry",
     "read_cluster",
     "register_replica",
     "replica_stopped",
@@ -44,6 +45,13 @@ def register_replica(conn: sqlite3.Connection, replica: str, pid: int, start: in
         " last_seen = excluded.last_seen, stopped_at = NULL",
         (replica, pid, start, now, now),
     )
+
+
+def prune_registry(conn: sqlite3.Connection, retention: timedelta) -> None:
+    """Registrations not written for ``retention``, and replicas not seen for as long."""
+    cutoff = now_us() - retention // MICROSECOND
+    conn.execute("DELETE FROM replicron_jobs WHERE last_seen < ?", (cutoff,))
+    conn.execute("DELETE FROM replicron_replicas WHERE last_seen < ?", (cutoff,))
 
 
 def replica_stopped(conn: sqlite3.Connection, replica: str) -> None:

@@ -47,6 +47,7 @@ from ._sqlite_cluster import (
     announce,
     forget,
     paused_jobs,
+    prune_registry,
     read_cluster,
     register_replica,
     replica_stopped,
@@ -580,6 +581,8 @@ class EmbeddedBackend:
         for _ in range(_PRUNE_BATCHES):  # a bounded number of short transactions
             if ledger.prune(self.retention, _PRUNE_BATCH) < _PRUNE_BATCH:
                 break
+        with ledger.write() as conn:
+            prune_registry(conn, self.retention)
 
 
 async def _complete(call: Future[_T]) -> _T:
