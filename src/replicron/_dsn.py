@@ -32,16 +32,18 @@ def mask_dsn(text: str) -> str:
 # Free text (a job's error) may carry a secret in other shapes: PGPASSWORD=..., a settings
 # dict's 'password': '...', passwd=/pwd= of other drivers.
 _NAMED_SECRET = re.compile(
-    r"""(?P<head>\b(?:pg)?(?:password|passwd|pwd)\b['"]?\s*[=:]\s*)"""
-    r"""(?P<secret>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s,;&}'"]+)""",
+    r"""(?P<head>(?:\b|(?<=_))(?:pg)?(?:password|passwd|pwd|passphrase)\b['"]?"""
+    r"""\s*(?:=>|[=:])\s*)"""
+    r"""(?P<secret>b?'(?:[^'\\]|\\.)*'|b?"(?:[^"\\]|\\.)*"|[^\s,;&}'"]+)""",
     re.I,
 )
 
 
 def mask_secrets(text: str) -> str:
     """:func:`mask_dsn`, and passwords named in other ways (``PGPASSWORD=...``,
-    ``'password': '...'``, ``passwd=...``): for text from elsewhere, such as a job's error."""
-    return _NAMED_SECRET.sub(r"\g<head>***", mask_dsn(text))
+    ``'password': '...'``, ``DB_PASSWORD: ...``, ``passwd=...``): for text from elsewhere,
+    such as a job's error."""
+    return mask_dsn(_NAMED_SECRET.sub(r"\g<head>***", text))
 
 
 def plain_postgres_url(dsn: str) -> str:

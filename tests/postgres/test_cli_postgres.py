@@ -8,7 +8,7 @@ import re
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from replicron import Scheduler, every
+from replicron import Scheduler, every, job_lock_key
 from replicron.postgres import PostgresBackend
 from replicron.postgres._sql import migrations
 from replicron.testing import FakeClock
@@ -80,18 +80,26 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
     clock = FakeClock(z(2026, 1, 1))
     with Scheduler(clock=clock, backend=PostgresBackend(dsn), replica_id="node-1") as s:
         s.add_job(every(seconds=10), lambda: None, name="ok")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as frozen:
         # What heartbeats write: node-2's clock runs 31.5 s ahead of the database's.
         conn.execute(
             "INSERT INTO replicron_replicas (namespace, replica_id, clock_offset_ms)"
             " VALUES ('', 'node-2', -31500)"
         )
+        # node-2 is frozen: its run stopped heartbeating, its session still holds the lock.
+        key = job_lock_key("ok")
+        [(pid,)] = frozen.execute("SELECT pg_backend_pid() FROM pg_advisory_lock(%s)", [key])
+        frozen.commit()
         conn.execute(
             "INSERT INTO replicron_runs (namespace, job, scheduled_at, replica_id, started_at,"
-            " heartbeat_at) VALUES ('', 'ok', '2026-01-01 00:00:20+00', 'node-2', now(),"
-            " now() - interval '1 hour')"
+            " heartbeat_at, lock_key, backend_pid) VALUES ('', 'ok', '2026-01-01 00:00:20+00',"
+            " 'node-2', now(), now() - interval '1 hour', %s, %s)",
+            [key, pid],
         )
-    result = run_cli("status", "--database-url", dsn)
+        result = run_cli("status", "--database-url", dsn)
+        frozen.close()
+        gone = run_cli("status", "--database-url", dsn)  # its session went: it blocks nothing
+    assert "stopped heartbeating" not in gone.stdout
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert re.search(r"^ok: run \d+ of replica node-2 stopped heartbeating", result.stdout, re.M)

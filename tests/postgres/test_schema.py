@@ -128,6 +128,7 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
             "replicron_replicas_pkey",
             "replicron_runs",
             "replicron_runs_claimed_at_idx",
+            "replicron_runs_missed_idx",
             "replicron_runs_open_idx",
             "replicron_runs_pkey",
             "replicron_runs_run_id_seq",

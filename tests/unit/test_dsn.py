@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicron._dsn import mask_dsn
+from replicron._dsn import mask_dsn, mask_secrets
 
 
 @pytest.mark.parametrize(
@@ -50,3 +50,34 @@ def test_sqlalchemy_urls_become_libpq_urls(dsn: str, plain: str) -> None:
     from replicron._dsn import plain_postgres_url
 
     assert plain_postgres_url(dsn) == plain
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        (
+            "RuntimeError: POSTGRES_PASSWORD=hunter2 rejected",
+            "RuntimeError: POSTGRES_PASSWORD=*** rejected",
+        ),
+        ("bad env: DB_PASSWORD=hunter2", "bad env: DB_PASSWORD=***"),
+        ("MYSQL_PWD=hunter2", "MYSQL_PWD=***"),
+        ("PGPASSWORD=hunter2 psql", "PGPASSWORD=*** psql"),
+        ("config db_password: hunter2 invalid", "config db_password: *** invalid"),
+        (
+            "settings {'user': 'x', 'password': 'hun ter2'}",
+            "settings {'user': 'x', 'password': ***}",
+        ),
+        ("settings {'password': b'hunter2'}", "settings {'password': ***}"),
+        ('{"password": "hunter2"}', '{"password": ***}'),
+        ("passwd=hunter2; host=x", "passwd=***; host=x"),
+        ("passphrase='hunter 2'", "passphrase=***"),
+        ("cannot reach postgresql://etl:hunter2@dw/x", "cannot reach postgresql://etl:***@dw/x"),
+        ("password reset failed for bob", "password reset failed for bob"),
+    ],
+)
+def test_mask_secrets_in_free_text(text: str, masked: str) -> None:
+    assert mask_secrets(text) == masked
+
+
+def test_a_ruby_style_password_is_never_shown() -> None:
+    assert "hunter2" not in mask_secrets("password => 'hunter2'")

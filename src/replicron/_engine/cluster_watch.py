@@ -168,15 +168,24 @@ class ClusterWatch:
 
     async def _run(self) -> None:
         assert self._changed is not None
+        # After a failed write, or a pause of the whole process (frozen, suspended), every row
+        # is written again: meanwhile the others may have taken this replica for gone and an
+        # operator forgotten its jobs.
+        rewrite = False
         while True:
             period = min([LOOK_EVERY, *(every for _, every in self._watchers.values())])
+            began = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), period)
                 await asyncio.sleep(SETTLE)
             self._changed.clear()
+            if time.monotonic() - began > 2 * (period + SETTLE):
+                rewrite = True
             try:
-                await self._announce(force=False)
+                await self._announce(force=rewrite)
+                rewrite = False
             except Exception as exc:
+                rewrite = True
                 self._failed("could not write this replica's jobs to the registry", exc)
             if self._watchers:
                 await self._read()

@@ -424,6 +424,13 @@ SELECT jobs.job, last.replica_id, last.scheduled_at, last.started_at, last.finis
                       WHERE run.namespace = %(namespace)s AND run.job = jobs.job
                         AND run.outcome IS NULL AND run.started_at IS NOT NULL
                         AND run.heartbeat_at <= now() - %(stale_after)s::interval
+                        AND EXISTS (  -- its session lives (a dead one's is waiting to go)
+                            SELECT 1 FROM pg_locks l
+                            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                              AND l.pid = run.backend_pid
+                              AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
+                              AND l.database = (SELECT oid FROM pg_database
+                                                WHERE datname = current_database()))
                       ORDER BY run.run_id), '{}') AS stale_running,
        (SELECT run.scheduled_at FROM replicron_runs run
         WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND NOT run.manual
@@ -529,7 +536,8 @@ RETURNING job;
 -- name: forget
 -- A job dropped from the code: the registrations of replicas that are gone go, so that it is
 -- no longer expected (its runs stay). Returns every registration there was, and whether it
--- went (a live replica's stays: it schedules the job).
+-- went. A replica's stays unless it stopped cleanly or has not been seen for two minutes: a
+-- replica that was only frozen or cut off for a moment still schedules the job.
 WITH gone AS (
     DELETE FROM replicron_jobs job
     WHERE job.namespace = %(namespace)s AND job.job = %(job)s
@@ -537,7 +545,8 @@ WITH gone AS (
           SELECT 1 FROM replicron_replicas seen
           WHERE seen.namespace = job.namespace AND seen.replica_id = job.replica_id
             AND seen.stopped_at IS NULL
-            AND seen.last_seen > now() - coalesce(seen.stale_after, %(stale_after)s::interval))
+            AND seen.last_seen > now() - greatest(
+                coalesce(seen.stale_after, %(stale_after)s::interval), interval '2 minutes'))
     RETURNING replica_id
 )
 SELECT replica_id, replica_id IN (SELECT replica_id FROM gone)

@@ -59,6 +59,9 @@ CREATE TABLE replicron_runs (
 CREATE INDEX replicron_runs_open_idx ON replicron_runs (namespace, job) WHERE outcome IS NULL;
 -- Retention sweeps.
 CREATE INDEX replicron_runs_claimed_at_idx ON replicron_runs (claimed_at);
+-- Misses of the last day per job (replicron status), without walking the job's other rows.
+CREATE INDEX replicron_runs_missed_idx ON replicron_runs (namespace, job, scheduled_at)
+    WHERE outcome = 'missed';
 
 -- Runs of pruned rows (retention), per job: a job's count of runs (max_runs) outlives them.
 CREATE TABLE replicron_pruned_runs (

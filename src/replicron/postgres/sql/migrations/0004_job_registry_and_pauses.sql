@@ -39,3 +39,7 @@ ALTER TABLE replicron_runs ADD CONSTRAINT replicron_runs_outcome_check
 ALTER TABLE replicron_replicas ADD COLUMN stopped_at timestamptz;
 -- The replica's own stale_after: a reader with other settings (the CLI) tells it alive by it.
 ALTER TABLE replicron_replicas ADD COLUMN stale_after interval;
+
+-- Misses of the last day per job (replicron status), without walking the job's other rows.
+CREATE INDEX replicron_runs_missed_idx ON replicron_runs (namespace, job, scheduled_at)
+    WHERE outcome = 'missed';
