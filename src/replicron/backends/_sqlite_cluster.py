@@ -4,9 +4,12 @@ the replicas share the host's clock, so none has an offset."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
 
 from replicron._schedule.tz import MICROSECOND, from_micros, to_micros
 from replicron.cluster import (
@@ -18,10 +21,13 @@ from replicron.cluster import (
     ReplicaStatus,
     build_status,
 )
+from replicron.errors import StateDirError
 
 from ._ledger import Ledger, now_us, process_alive
+from ._state_dir import LEDGER_NAME
 
 __all__ = [
+    "ClusterMethods",
     "announce",
     "forget",
     "paused_jobs",
@@ -34,6 +40,7 @@ __all__ = [
 
 #: Misses are counted over the last day.
 _DAY_US = 86_400_000_000
+_T = TypeVar("_T")
 
 
 def register_replica(conn: sqlite3.Connection, replica: str, pid: int, start: int | None) -> None:
@@ -226,3 +233,60 @@ def _registration(row: Sequence[object], alive: bool) -> Registration:
         tuple(from_micros(int(tick)) for tick in str(expected).split(",") if tick),
         from_micros(seen), alive,
     )  # fmt: skip
+
+
+class ClusterMethods:
+    """The cluster's registry, pauses and status, as methods of ``EmbeddedBackend``."""
+
+    replica_id: str
+    state_dir: Path
+    busy_timeout: float
+
+    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
+        raise NotImplementedError  # the backend's: on its own thread, one call at a time
+
+    def _require(self) -> Ledger:
+        raise NotImplementedError  # the backend's: its open ledger
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        return await self._call(self._announce, definitions, removed, complete)
+
+    def _announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        with self._require().write() as conn:
+            return announce(conn, self.replica_id, definitions, removed, complete)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The jobs, pauses and replicas of the state directory (a connection of its own:
+        callable from any event loop, open or not)."""
+        return await asyncio.to_thread(self._with_ledger, read_cluster)
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` for every replica of the state directory, from each one's next
+        claim; False if it was paused already."""
+        return await asyncio.to_thread(self._with_ledger, set_paused, job, True, by)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await asyncio.to_thread(self._with_ledger, forget, job)
+
+    def _with_ledger(self, work: Callable[..., _T], *args: Any) -> _T:
+        path = self.state_dir / LEDGER_NAME
+        if not path.is_file():
+            raise StateDirError(self.state_dir, "has no replicron ledger: no replica used it yet")
+        ledger = Ledger(path, self.busy_timeout)
+        try:
+            return work(ledger, *args)
+        finally:
+            ledger.close()

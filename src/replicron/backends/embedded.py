@@ -37,21 +37,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from replicron._schedule.tz import from_micros, to_micros
-from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, now_us, process_start
 from ._sqlite_cluster import (
-    announce,
-    forget,
+    ClusterMethods,
     paused_jobs,
     prune_registry,
-    read_cluster,
     register_replica,
     replica_stopped,
-    set_paused,
 )
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
 from .base import (
@@ -90,7 +86,7 @@ _REFUSED = "the job's lock is held by another run"
 _PAUSED = "the job is paused"
 
 
-class EmbeddedBackend:
+class EmbeddedBackend(ClusterMethods):
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
 
     ``busy_timeout``: how long a write waits for another process's transaction (seconds).
@@ -206,50 +202,6 @@ class EmbeddedBackend:
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         return await self._call(self._last_ticks, jobs) if jobs else {}
-
-    # ---- the cluster's registry, pauses and status -------------------------------------
-
-    async def announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
-    ) -> list[Registration]:
-        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
-        to the registry; returns the registrations of its jobs by live replicas that define
-        them differently."""
-        return await self._call(self._announce, definitions, removed, complete)
-
-    def _announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
-    ) -> list[Registration]:
-        with self._require().write() as conn:
-            return announce(conn, self.replica_id, definitions, removed, complete)
-
-    async def cluster_status(self) -> ClusterStatus:
-        """The jobs, pauses and replicas of the state directory (a connection of its own:
-        callable from any event loop, open or not)."""
-        return await asyncio.to_thread(self._with_ledger, read_cluster)
-
-    async def pause(self, job: str, by: str) -> bool:
-        """Pause ``job`` for every replica of the state directory, from each one's next
-        claim; False if it was paused already."""
-        return await asyncio.to_thread(self._with_ledger, set_paused, job, True, by)
-
-    async def resume(self, job: str) -> bool:
-        """Resume ``job``; False if it was not paused."""
-        return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
-
-    async def forget(self, job: str) -> tuple[list[str], list[str]]:
-        """A job dropped from the code is expected no more: the registrations of replicas
-        that are gone go. Returns their replicas, and the live ones that still schedule it."""
-        return await asyncio.to_thread(self._with_ledger, forget, job)
-
-    def _with_ledger(self, work: Callable[..., _T], *args: Any) -> _T:
-        if not self.ledger_path.is_file():
-            raise StateDirError(self.state_dir, "has no replicron ledger: no replica used it yet")
-        ledger = Ledger(self.ledger_path, self.busy_timeout)
-        try:
-            return work(ledger, *args)
-        finally:
-            ledger.close()
 
     async def _call(
         self, work: Callable[..., _T], *args: Any, give_back: Callable[[_T], None] | None = None

@@ -26,6 +26,7 @@ from ._sql import queries
 from ._status import job_status, replica_status
 
 __all__ = [
+    "ClusterMethods",
     "announce_params",
     "forget_job",
     "read_cluster",
@@ -135,3 +136,52 @@ async def forget_job(
         cursor = await conn.execute(queries()["forget"], params)
         rows: list[tuple[str, bool]] = await cursor.fetchall()
     return [r for r, gone in rows if gone], [r for r, gone in rows if not gone]
+
+
+class ClusterMethods:
+    """The cluster's registry and pauses, as methods of :class:`PostgresBackend`."""
+
+    conninfo: str
+    namespace: str
+    stale_after: float
+    connect_timeout: float
+    replica_id: str
+
+    async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
+        raise NotImplementedError  # the backend's: on its lock session
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        rows = await self._fetch(
+            "announce", retry=True, replica=self.replica_id,
+            stale_after=timedelta(seconds=self.stale_after),
+            **announce_params(definitions, removed, complete),
+        )  # fmt: skip
+        return [registration(row) for row in rows]
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The namespace's jobs, pauses and replicas as the database has them (a short
+        connection of its own: callable from any event loop, open or not)."""
+        return await read_cluster(
+            self.conninfo, self.namespace, self.stale_after, self.connect_timeout
+        )
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` on every replica of the namespace, from each one's next claim;
+        False if it was paused already."""
+        return await set_paused(self.conninfo, self.namespace, job, True, by, self.connect_timeout)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await forget_job(
+            self.conninfo, self.namespace, job, self.stale_after, self.connect_timeout
+        )

@@ -34,18 +34,10 @@ from replicron.backends.base import (
     taken_repeat,
     unrecorded_repeat,
 )
-from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
-from ._cluster import (
-    announce_params,
-    forget_job,
-    read_cluster,
-    read_namespaces,
-    registration,
-    set_paused,
-)
+from ._cluster import ClusterMethods, read_namespaces
 from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._session import BackendUnavailableError, LockSession, TransactionPoolerError
@@ -76,7 +68,7 @@ _STATUS = {
 }
 
 
-class PostgresBackend:
+class PostgresBackend(ClusterMethods):
     """Coordinates replicas through one PostgreSQL database.
 
     ``namespace`` separates independent deployments sharing a database (lock keys are
@@ -428,44 +420,6 @@ class PostgresBackend:
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
         return [replica_status(row) for row in rows]
-
-    # ---- the cluster's registry and pauses ----------------------------------------------
-
-    async def announce(
-        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
-    ) -> list[Registration]:
-        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
-        to the registry; returns the registrations of its jobs by live replicas that define
-        them differently."""
-        rows = await self._fetch(
-            "announce", retry=True, replica=self.replica_id,
-            stale_after=timedelta(seconds=self.stale_after),
-            **announce_params(definitions, removed, complete),
-        )  # fmt: skip
-        return [registration(row) for row in rows]
-
-    async def cluster_status(self) -> ClusterStatus:
-        """The namespace's jobs, pauses and replicas as the database has them (a short
-        connection of its own: callable from any event loop, open or not)."""
-        return await read_cluster(
-            self.conninfo, self.namespace, self.stale_after, self.connect_timeout
-        )
-
-    async def pause(self, job: str, by: str) -> bool:
-        """Pause ``job`` on every replica of the namespace, from each one's next claim;
-        False if it was paused already."""
-        return await set_paused(self.conninfo, self.namespace, job, True, by, self.connect_timeout)
-
-    async def resume(self, job: str) -> bool:
-        """Resume ``job``; False if it was not paused."""
-        return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
-
-    async def forget(self, job: str) -> tuple[list[str], list[str]]:
-        """A job dropped from the code is expected no more: the registrations of replicas
-        that are gone go. Returns their replicas, and the live ones that still schedule it."""
-        return await forget_job(
-            self.conninfo, self.namespace, job, self.stale_after, self.connect_timeout
-        )
 
     async def _housekeep(self) -> None:
         """Heartbeat (open ticks, our locks, the clock offset, unwritten outcomes); now and
