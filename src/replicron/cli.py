@@ -169,7 +169,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     status = asyncio.run(_guard_unmigrated(backend, backend.cluster_status()))
     namespaces: dict[str, int] = {}
     if not status.jobs and hasattr(backend, "namespaces"):
-        namespaces = asyncio.run(_other_namespaces(backend))
+        namespaces = asyncio.run(backend.namespaces())
     return print_status(status, namespaces, as_json=args.json, check=args.check)
 
 
@@ -218,11 +218,6 @@ async def _guard_unmigrated(backend: Any, call: Awaitable[_T]) -> _T:
                 "migrate` on it first"
             ) from None
         raise
-
-
-async def _other_namespaces(backend: Any) -> dict[str, int]:
-    found: dict[str, int] = await backend.namespaces()
-    return found
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

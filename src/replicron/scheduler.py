@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._engine.cluster_calls import call_backend
+from ._engine.cluster_calls import call_backend, cluster_method
 from ._engine.engine import ConcurrencyMode, Engine
 from ._engine.planner import CatchUp, OverlapPolicy
 from ._engine.spec import build_job_spec
@@ -22,7 +22,7 @@ from .backends.base import Backend
 from .backends.memory import MemoryBackend
 from .clock import Clock, SystemClock
 from .cluster import ClusterStatus
-from .errors import ConfigurationError, InvalidJobOptionError, SchedulerClosedError
+from .errors import InvalidJobOptionError, SchedulerClosedError
 from .events import Listener
 from .jobs import Job
 from .triggers import Trigger
@@ -44,17 +44,6 @@ def _check_listener(listener: object) -> Listener:
             f"listeners must be replicron.Listener instances, not {listener!r}"
         )
     return listener
-
-
-async def _status_of(backend: object) -> ClusterStatus:
-    read = getattr(backend, "cluster_status", None)
-    if read is None:
-        raise ConfigurationError(
-            f"{type(backend).__name__} keeps no cluster registry: cluster_status needs "
-            "MemoryBackend, EmbeddedBackend or PostgresBackend"
-        )
-    status: ClusterStatus = await read()
-    return status
 
 
 def default_replica_id() -> str:
@@ -252,7 +241,8 @@ class AsyncScheduler(_JobsAPI):
     async def cluster_status(self) -> ClusterStatus:
         """The cluster as the shared backend sees it: every job's last run and success, what
         runs now, overdue, paused and drifting jobs, the replicas."""
-        return await _status_of(self._engine.backend)
+        status: ClusterStatus = await cluster_method(self._engine.backend, "cluster_status")()
+        return status
 
     async def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default

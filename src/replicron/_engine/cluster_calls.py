@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from replicron.errors import ConfigurationError
 
-__all__ = ["call_backend"]
+__all__ = ["call_backend", "cluster_method"]
 
 _T = TypeVar("_T")
 
@@ -20,13 +20,19 @@ def call_backend(backend: object, method: str, *args: Any) -> Any:
     synchronous code, on any thread, running loop or not: the shared backends read and
     write these with a short connection of their own, so a private event loop on a thread of
     its own serves (it blocks the caller for one round trip)."""
+    return _blocking(cluster_method(backend, method)(*args))
+
+
+def cluster_method(backend: object, method: str) -> Any:
+    """``backend``'s cluster method of that name, or a ConfigurationError saying that the
+    backend keeps no cluster registry."""
     bound = getattr(backend, method, None)
     if bound is None:
         raise ConfigurationError(
             f"{type(backend).__name__} keeps no cluster registry: {method} needs "
             "MemoryBackend, EmbeddedBackend or PostgresBackend"
         )
-    return _blocking(bound(*args))
+    return bound
 
 
 def _blocking(coroutine: Coroutine[Any, Any, _T]) -> _T:
