@@ -395,7 +395,9 @@ class Engine:
         if not self.life.running:
             return True
         assert self._wake is not None
-        if not self._asleep or self._wake.is_set():
+        # A wake-up asked for but not yet delivered (a manual run asked for again as the loop
+        # went to sleep) is work to do.
+        if not self._asleep or self._wake.is_set() or self._poke_pending:
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
