@@ -53,6 +53,17 @@ def frozen(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+def wait_until_gone(dsn: str, pid: int) -> None:
+    """Wait until the server process of a session given up has ended: thawed, it notices
+    its client is gone a moment later, and until then two sessions carry the replica's
+    name."""
+    poll_until(
+        f"server process {pid} to end",
+        lambda: not sql(dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]) or None,
+        timeout=10,
+    )
+
+
 def need_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("freezing a server process needs root")
@@ -76,6 +87,7 @@ def test_a_hung_session_misses_its_deadline_and_the_statement_is_retried(dsn: st
             assert second.status is CLAIMED
             assert 0.5 <= took < 3.0
             assert lost == [run.run_id]
+            wait_until_gone(dsn, pid)
             assert session_pid(dsn, "replica-a") != pid
 
     asyncio.run(main())
