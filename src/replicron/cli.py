@@ -77,6 +77,24 @@ def _build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
         command.add_argument("job", help="the job's name")
         _add_source(command)
+    run = commands.add_parser(
+        "run",
+        help="run the jobs of a TOML config as one replica of a cluster (the daemon)",
+        description="Run the jobs of a TOML config (commands or Python callables) as one "
+        "replica; start several on one backend and each tick runs once. SIGTERM/SIGINT stop "
+        "it gracefully, SIGHUP reloads the config. Settings can also come from REPLICRON_* "
+        "environment variables (see docs/daemon.md).",
+    )
+    run.add_argument("config", help="the TOML config, e.g. examples/jobs.toml")
+    check = commands.add_parser(
+        "check",
+        help="validate a TOML config and print each job's next fire times",
+        description="Validate a daemon config as `replicron run` would (triggers, time zones, "
+        "options, programs on PATH, Python imports and arguments) and print each job's next "
+        "fire times. Exit status 2 with one line per problem when it is invalid.",
+    )
+    check.add_argument("config", help="the TOML config")
+    check.add_argument("-n", type=int, default=3, help="fire times per job (default 3)")
     demo = commands.add_parser(
         "demo",
         help="run replicas that share a backend and show every tick run exactly once",
@@ -220,6 +238,20 @@ async def _guard_unmigrated(backend: Any, call: Awaitable[_T]) -> _T:
         raise
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .daemon import run_daemon
+
+    return run_daemon(args.config)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .daemon import check_config
+
+    if args.n < 1:
+        raise ValueError(f"-n must be at least 1, got {args.n}")
+    return check_config(args.config, count=args.n)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ._demo.parent import run_demo
 
@@ -256,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "resume": _cmd_resume,
         "forget": _cmd_forget,
         "demo": _cmd_demo,
+        "run": _cmd_run,
+        "check": _cmd_check,
     }
     try:
         return commands[args.command](args)

@@ -131,6 +131,17 @@ EXPECTED = {
         "locked_run",
         "migrate",
     ],
+    "replicron.daemon": [
+        "CommandFailed",
+        "CommandTask",
+        "ConfigError",
+        "DaemonConfig",
+        "JobConfig",
+        "SchedulerConfig",
+        "check_config",
+        "load_config",
+        "run_daemon",
+    ],
 }
 
 

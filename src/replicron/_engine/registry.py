@@ -119,7 +119,15 @@ class JobRegistry:
         self._wake()
         self._changed("on_job_added", spec.name)
 
-    def update_job(self, name: str, trigger: Trigger | None, options: dict[str, Any]) -> None:
+    def update_job(
+        self,
+        name: str,
+        trigger: Trigger | None,
+        options: dict[str, Any],
+        task: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None,
+    ) -> None:
+        """Change a job in place: its run-time state (runs going on, so no overlap with
+        them; runs so far) stays. ``task`` replaces the function and its arguments."""
         self._life.check_usable()
         with self._lock:
             state = self._state_of(name)
@@ -129,8 +137,9 @@ class JobRegistry:
                 raise InvalidJobOptionError(f"job {name!r}: cannot update {', '.join(bad)}")
             fields: dict[str, Any] = {field: getattr(old, field) for field in _UPDATABLE}
             fields.update(options)
+            func, args, kwargs = (old.func, old.args, old.kwargs) if task is None else task
             state.spec = build_job_spec(
-                old.trigger if trigger is None else trigger, old.func, old.args, old.kwargs,
+                old.trigger if trigger is None else trigger, func, args, kwargs,
                 name=name, default_tz=self.timezone, **fields,
             )  # fmt: skip
             try:

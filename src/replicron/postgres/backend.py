@@ -151,6 +151,11 @@ class PostgresBackend(ClusterMethods):
     def unregister_job(self, name: str) -> None:
         self._keys.unregister(name)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the lock session is open and usable (for readiness probes)."""
+        return self._session is not None and self._session.connected
+
     def lock_key(self, job: str) -> int:
         return job_lock_key(self.namespace + job)
 

@@ -1,0 +1,94 @@
+"""The replicron daemon: ``replicron run jobs.toml`` runs the jobs of a TOML config (commands
+or Python callables) on N replicas, each tick once; ``replicron check jobs.toml`` validates a
+config and prints each job's next fire times. See docs/daemon.md."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import socket
+import sys
+from typing import TextIO
+from zoneinfo import ZoneInfo
+
+from ._daemon import Daemon, preview, validate
+from ._logs import setup_logging
+from .command import CommandFailed, CommandTask
+from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
+
+__all__ = [
+    "CommandFailed",
+    "CommandTask",
+    "ConfigError",
+    "DaemonConfig",
+    "JobConfig",
+    "SchedulerConfig",
+    "check_config",
+    "load_config",
+    "run_daemon",
+]
+
+
+def _loaded(path: str, out: TextIO) -> DaemonConfig | None:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(line, file=out)
+        return None
+    problems = asyncio.run(validate(config))
+    for line in problems:
+        print(line, file=out)
+    return None if problems else config
+
+
+def run_daemon(path: str) -> int:
+    """Run the daemon on the config at ``path`` until SIGTERM or SIGINT; the exit status:
+    0 after a graceful stop, 2 for a bad config (one line per problem), 1 when it could not
+    start (backend unreachable)."""
+    config = _loaded(path, sys.stderr)
+    if config is None:
+        return 2
+    settings = config.scheduler
+    replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    if settings.replica_id is None:
+        config = DaemonConfig(config.path, _with_replica(settings, replica), config.jobs)
+    setup_logging(settings.log_level, settings.log_format, replica)
+    return asyncio.run(Daemon(config).run())
+
+
+def _with_replica(settings: SchedulerConfig, replica: str) -> SchedulerConfig:
+    return SchedulerConfig(**{**settings.__dict__, "replica_id": replica})
+
+
+def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
+    """Validate the config at ``path`` as the daemon would, and print each job's next
+    ``count`` fire times; 0 when it is valid, 2 (with one line per problem) when not."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        problems = exc.problems
+    else:
+        problems, upcoming_runs = asyncio.run(preview(config, count))
+    if problems:
+        for line in problems:
+            print(line, file=out)
+        return 2
+    settings = config.scheduler
+    backend = (
+        f"PostgreSQL (namespace {settings.namespace!r})"
+        if settings.database_url
+        else f"embedded (state in {os.path.abspath(settings.state_dir or '.replicron')})"
+    )
+    zone = ZoneInfo(settings.timezone)
+    print(f"{path}: {len(config.jobs)} jobs on {backend}, time zone {settings.timezone}", file=out)
+    for job in config.jobs:
+        what = shlex.join(job.command) if job.command is not None else f"call {job.call}"
+        print(f"  {job.name}: {job.trigger} = {job.schedule!r}; runs {what}", file=out)
+        for instant in upcoming_runs[job.name]:
+            print(f"    {instant.astimezone(zone).isoformat()}", file=out)
+        if not upcoming_runs[job.name]:
+            print("    (no more fire times)", file=out)
+    print(f"OK: {path} is valid", file=out)
+    return 0

@@ -1,0 +1,173 @@
+"""From a checked config to what the library runs: triggers, tasks and job options. Importing
+a ``call`` target and looking a command's program up happen here, so that ``replicron check``
+and the daemon find the same problems before anything runs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from replicron.errors import ReplicronError
+from replicron.scheduler import AsyncScheduler
+from replicron.triggers import Trigger, cron, daily, every, monthly, once, weekly
+
+from ._values import ValueProblem, parse_duration, parse_instant
+from .command import CommandTask
+from .config import DaemonConfig, JobConfig
+
+__all__ = ["JobProblem", "Task", "add_job", "add_jobs", "make_task", "make_trigger", "options_of"]
+
+#: What a job runs: the callable and its bound arguments.
+Task = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def make_trigger(job: JobConfig) -> Trigger:
+    value = job.schedule
+    if job.trigger == "cron":
+        if not isinstance(value, str):
+            raise ValueProblem(f"must be a cron expression string, not {value!r}")
+        return cron(value, seconds=job.seconds, tz=job.tz)
+    if job.trigger == "every":
+        return every(parse_duration(value), jitter=job.jitter)
+    if job.trigger == "between":
+        if not isinstance(value, list) or len(value) != 2:
+            raise ValueProblem(f'must be two durations, such as ["1m", "5m"], not {value!r}')
+        return every(between=(parse_duration(value[0]), parse_duration(value[1])))
+    if job.trigger == "daily":
+        return daily(_times(value), tz=job.tz)
+    if job.trigger == "weekly":
+        return weekly(value, job.at, tz=job.tz)
+    if job.trigger == "monthly":
+        return monthly(value, job.at, tz=job.tz)
+    instants = [parse_instant(v) for v in (value if isinstance(value, list) else [value])]
+    if not instants:
+        raise ValueProblem("needs at least one date-time")
+    # A one-time tick in the past is no error for a daemon that restarts after it ran: the
+    # ledger has its row, and the misfire rules decide about one that nobody ran.
+    return once(*instants, now=_EPOCH)
+
+
+def _times(value: object) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(i, str) for i in items):
+        raise ValueProblem(
+            f'must be a time of day such as "03:00", or a list of them, not {value!r}'
+        )
+    return items
+
+
+def options_of(job: JobConfig) -> dict[str, Any]:
+    return {
+        "name": job.name,
+        "tags": job.tags,
+        "overlap": job.overlap,
+        "timeout": job.timeout,
+        "start_at": job.start_at,
+        "stop_at": job.stop_at,
+        "max_runs": job.max_runs,
+        "catch_up": job.catch_up,
+        "misfire_grace": job.misfire_grace,
+    }
+
+
+def make_task(job: JobConfig, config_dir: str) -> Task:
+    if job.command is not None:
+        _check_program(job, config_dir)
+        cwd = _cwd(job)
+        task = CommandTask(
+            job.name, job.command, shell=job.shell, env=dict(job.env), cwd=cwd,
+            kill_grace=job.kill_grace,
+        )  # fmt: skip
+        return task, (), {}
+    assert job.call is not None
+    return _import(job.call, config_dir), job.args, dict(job.kwargs)
+
+
+def _cwd(job: JobConfig) -> str | None:
+    if job.cwd is None:
+        return None
+    if not os.path.isdir(job.cwd):  # relative to where the daemon starts, like state_dir
+        raise ValueProblem(f"cwd: {job.cwd!r} is not a directory")
+    return os.path.abspath(job.cwd)
+
+
+def _check_program(job: JobConfig, config_dir: str) -> None:
+    assert job.command is not None
+    program = "/bin/sh" if job.shell else job.command[0]
+    cwd = _cwd(job) or os.getcwd()
+    if os.sep in program:
+        path = os.path.join(cwd, program)
+        if not os.path.isfile(path):
+            raise ValueProblem(f"command: {program!r} does not exist (looked in {cwd!r})")
+        if not os.access(path, os.X_OK):
+            raise ValueProblem(f"command: {program!r} is not executable")
+        return
+    search = dict(job.env).get("PATH", os.environ.get("PATH", os.defpath))
+    if shutil.which(program, path=search) is None:
+        raise ValueProblem(f"command: {program!r} is not found on PATH ({search})")
+
+
+def _import(target: str, config_dir: str) -> Callable[..., Any]:
+    module_name, _, attribute = target.partition(":")
+    for where in (os.getcwd(), config_dir):
+        if where not in sys.path:
+            sys.path.insert(0, where)
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueProblem(f"call: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module's own code failed on import
+        raise ValueProblem(
+            f"call: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ValueProblem(f"call: module {module_name!r} has no {attribute!r}") from None
+    if not callable(found):
+        raise ValueProblem(f"call: {target!r} is not callable ({type(found).__name__})")
+    return found  # type: ignore[no-any-return]
+
+
+def add_jobs(scheduler: AsyncScheduler, config: DaemonConfig) -> list[str]:
+    """Add every job of ``config`` to ``scheduler``; returns one line per job that could not be
+    added (the rest are added)."""
+    problems = []
+    config_dir = os.path.dirname(os.path.abspath(config.path))
+    for job in config.jobs:
+        try:
+            add_job(scheduler, job, config_dir)
+        except JobProblem as exc:
+            problems.append(f"{config.path}: job {job.name!r}: {exc}")
+    return problems
+
+
+class JobProblem(ValueError):
+    """Why a job cannot be added; the message follows "job 'name': "."""
+
+
+def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
+    try:
+        trigger = make_trigger(job)
+    except (ValueProblem, ReplicronError) as exc:
+        raise JobProblem(f"{job.trigger}: {_unprefixed(exc, job.name)}") from None
+    try:
+        func, args, kwargs = make_task(job, config_dir)
+        scheduler.add_job(trigger, func, *args, **options_of(job), **kwargs)
+    except (ValueProblem, ReplicronError, TypeError) as exc:
+        raise JobProblem(_unprefixed(exc, job.name)) from None
+
+
+def _unprefixed(exc: Exception, name: str) -> str:
+    """The library's message without its "job 'name': " (the daemon's line has one)."""
+    text = str(exc)
+    prefix = f"job {name!r}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text

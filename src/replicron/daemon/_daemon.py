@@ -1,0 +1,351 @@
+"""``replicron run CONFIG``: the daemon. One AsyncScheduler on the config's backend, signals
+(SIGTERM/SIGINT stop gracefully, SIGHUP reloads), and the HTTP endpoint when ``http`` is set."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from datetime import datetime
+from typing import Any
+
+from replicron.backends import Backend, EmbeddedBackend
+from replicron.cluster import ClusterStatus
+from replicron.errors import ReplicronError
+from replicron.events import Listener, RunEvent
+from replicron.scheduler import AsyncScheduler
+from replicron.web import status_app
+
+from ._build import JobProblem, add_job, add_jobs, make_task, make_trigger, options_of
+from ._http import Response, json_response, serve
+from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
+
+__all__ = ["Daemon", "make_scheduler", "preview", "validate"]
+
+logger = logging.getLogger("replicron.daemon")
+
+#: Seconds between reads of the cluster's state for readiness and the metrics' cluster gauges.
+CLUSTER_EVERY = 5.0
+#: /readyz fails once the latest good read of the backend is older than this.
+READY_WITHIN = 3 * CLUSTER_EVERY
+#: /healthz fails once the event loop has not turned for this long.
+LOOP_STALL = 10.0
+#: Settings that only a restart applies (a reload says so and keeps the running ones).
+_RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_id",
+                 "max_workers", "max_concurrent_jobs", "concurrency_mode", "http",
+                 "heartbeat_interval", "stale_after", "log_format")  # fmt: skip
+
+
+def make_backend(settings: SchedulerConfig) -> Backend:
+    if settings.database_url:
+        from replicron.postgres import PostgresBackend  # the postgres extra, only when asked for
+
+        return PostgresBackend(
+            settings.database_url,
+            namespace=settings.namespace,
+            heartbeat_interval=settings.heartbeat_interval.total_seconds(),
+            stale_after=None
+            if settings.stale_after is None
+            else settings.stale_after.total_seconds(),
+        )
+    return EmbeddedBackend(settings.state_dir or ".replicron")
+
+
+def make_scheduler(settings: SchedulerConfig, backend: Backend | None) -> AsyncScheduler:
+    return AsyncScheduler(
+        timezone=settings.timezone,
+        backend=backend,
+        replica_id=settings.replica_id,
+        stop_timeout=settings.stop_timeout.total_seconds(),
+        max_workers=settings.max_workers,
+        max_concurrent_jobs=settings.max_concurrent_jobs,
+        concurrency_mode=settings.concurrency_mode,  # type: ignore[arg-type]
+        defer_gc=True,  # the daemon owns its process (DESIGN: opt-in for a library)
+    )
+
+
+async def validate(config: DaemonConfig) -> list[str]:
+    """Every problem of ``config`` the library finds when its jobs are added (triggers, time
+    zones, options, programs, imports, arguments), one line each; nothing is started."""
+    problems, _ = await preview(config, 0)
+    return problems
+
+
+async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str, list[datetime]]]:
+    """:func:`validate`, and each job's next ``count`` fire times as a scheduler plans them."""
+    if config.scheduler.database_url:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            return [
+                f"{config.path}: [scheduler]: database_url needs PostgreSQL support: "
+                "pip install 'replicron[postgres]'"
+            ], {}
+    try:
+        scheduler = make_scheduler(config.scheduler, None)
+    except ReplicronError as exc:
+        return [f"{config.path}: [scheduler]: {exc}"], {}
+    try:
+        problems = add_jobs(scheduler, config)
+        if problems or not count:
+            return problems, {}
+        return [], {job.name: scheduler.get_job(job.name).next_runs(count) for job in config.jobs}
+    finally:
+        await scheduler.shutdown(wait=False)
+
+
+class Daemon:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.scheduler: AsyncScheduler | None = None
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+        self._stop_signals = 0
+        self._loop_beat = time.monotonic()
+        self._read_at: float | None = None  # monotonic time of the latest good cluster read
+        self._read_error = "no read yet"
+
+    async def run(self) -> int:
+        settings = self.config.scheduler
+        try:
+            backend = make_backend(settings)
+            scheduler = self.scheduler = make_scheduler(settings, backend)
+        except (ReplicronError, ImportError) as exc:
+            logger.error("cannot set up the backend: %s", exc, extra={"event": "startup_failed"})
+            return 1
+        problems = add_jobs(scheduler, self.config)
+        if problems:
+            for line in problems:
+                logger.error("%s", line, extra={"event": "config_invalid"})
+            return 2
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop_signalled, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._reload.set)
+        scheduler.add_listener(_RunLog())
+        scheduler.watch_cluster(self._cluster_read, every=CLUSTER_EVERY)
+        collector, registry = _metrics(scheduler)
+        server = None
+        beat = asyncio.ensure_future(self._beat())
+        try:
+            if settings.http is not None:
+                server = await self._serve(settings.http, registry)
+            try:
+                await scheduler.start()
+            except (ReplicronError, OSError) as exc:
+                logger.error("cannot start: %s", exc, extra={"event": "startup_failed"})
+                return 1
+            where = (settings.database_url and _masked(settings.database_url)) or os.path.abspath(
+                settings.state_dir or ".replicron"
+            )
+            logger.info(
+                "started replica %s with %d jobs on %s (%s)", scheduler.replica_id,
+                len(self.config.jobs), settings.backend_kind, where,
+                extra={"event": "daemon_started"},
+            )  # fmt: skip
+            await self._serve_signals()
+            stop_timeout = self.config.scheduler.stop_timeout.total_seconds()
+            logger.info(
+                "stopping: no new ticks; runs going on get up to %g s to finish, then are killed",
+                stop_timeout, extra={"event": "daemon_stopping"},
+            )  # fmt: skip
+            await scheduler.shutdown(wait=True, timeout=stop_timeout)
+            logger.info("stopped", extra={"event": "daemon_stopped"})
+            return 0
+        finally:
+            beat.cancel()
+            if collector is not None:
+                collector.close()
+            if server is not None:
+                server.close()
+            await scheduler.shutdown(wait=False)
+
+    def _stop_signalled(self, signum: int) -> None:
+        self._stop_signals += 1
+        if self._stop_signals == 1:
+            logger.info("%s received", signal.Signals(signum).name, extra={"event": "signal"})
+        self._stop.set()
+
+    async def _serve_signals(self) -> None:
+        while not self._stop.is_set():
+            stop = asyncio.ensure_future(self._stop.wait())
+            reload = asyncio.ensure_future(self._reload.wait())
+            await asyncio.wait({stop, reload}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            reload.cancel()
+            if self._reload.is_set() and not self._stop.is_set():
+                self._reload.clear()
+                await self.reload()
+
+    async def reload(self) -> bool:
+        """Read the config again and apply its jobs; an invalid one is refused whole and the
+        running one kept. Returns whether the new config was applied."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        logger.info("SIGHUP: reloading %s", self.config.path, extra={"event": "reload"})
+        try:
+            new = load_config(self.config.path)
+            problems = await validate(new)
+        except ConfigError as exc:
+            problems = exc.problems
+        if problems:
+            for line in problems:
+                logger.error("%s", line, extra={"event": "reload_rejected"})
+            logger.error(
+                "reload rejected (%d problems): the running config stays in force",
+                len(problems), extra={"event": "reload_rejected"},
+            )  # fmt: skip
+            return False
+        old = self.config
+        ignored = [
+            k for k in _RESTART_ONLY if getattr(old.scheduler, k) != getattr(new.scheduler, k)
+        ]
+        if ignored:
+            logger.warning(
+                "reload: %s changed; these take effect at the next restart",
+                ", ".join(ignored), extra={"event": "reload_restart_needed"},
+            )  # fmt: skip
+        kept = {k: getattr(old.scheduler, k) for k in _RESTART_ONLY}
+        settings = SchedulerConfig(**{**new.scheduler.__dict__, **kept})
+        config_dir = os.path.dirname(os.path.abspath(new.path))
+        before = {job.name: job for job in old.jobs}
+        after = {job.name: job for job in new.jobs}
+        added, changed, removed = [], [], []
+        try:
+            for name in before.keys() - after.keys():
+                scheduler.remove_job(name)
+                removed.append(name)
+            for job in new.jobs:
+                if job.name not in before:
+                    add_job(scheduler, job, config_dir)
+                    added.append(job.name)
+                elif job != before[job.name]:
+                    _update(scheduler, job, config_dir)
+                    changed.append(job.name)
+        except (JobProblem, ReplicronError) as exc:  # checked above: only a race gets here
+            logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
+        self.config = DaemonConfig(new.path, settings, new.jobs)
+        scheduler._engine.stop_timeout = settings.stop_timeout.total_seconds()
+        logging.getLogger("replicron").setLevel(settings.log_level)
+        logger.info(
+            "reloaded: %d jobs; added %s, changed %s, removed %s", len(new.jobs),
+            _names(added), _names(changed), _names(removed), extra={"event": "reloaded"},
+        )  # fmt: skip
+        return True
+
+    # ---- health ------------------------------------------------------------------------
+
+    def _cluster_read(self, status: ClusterStatus | None) -> None:
+        if status is not None:
+            self._read_at = time.monotonic()
+        else:
+            self._read_error = "the latest read of the cluster's state from the backend failed"
+
+    async def _beat(self) -> None:
+        while True:
+            self._loop_beat = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    async def healthz(self) -> Response:
+        scheduler = self.scheduler
+        stalled = time.monotonic() - self._loop_beat
+        ok = scheduler is not None and scheduler.running and stalled < LOOP_STALL
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "failing",
+            "replica": None if scheduler is None else scheduler.replica_id,
+            "scheduler_running": bool(scheduler and scheduler.running),
+            "jobs": len(self.config.jobs),
+        }
+        return json_response(200 if ok else 503, body)
+
+    async def readyz(self) -> Response:
+        scheduler = self.scheduler
+        problems = []
+        if scheduler is None or not scheduler.running:
+            problems.append("the scheduler is not running")
+        else:
+            if not getattr(scheduler.backend, "connected", True):
+                problems.append("the lock session to PostgreSQL is not open (no lease held)")
+            age = None if self._read_at is None else time.monotonic() - self._read_at
+            if age is None or age > READY_WITHIN:
+                since = "never" if age is None else f"{age:.0f} s ago"
+                problems.append(
+                    f"backend not reachable: last good read {since}; {self._read_error}"
+                )
+        body = {"status": "ready" if not problems else "not ready", "problems": problems}
+        return json_response(200 if not problems else 503, body)
+
+    async def _serve(self, where: tuple[str, int], registry: Any) -> asyncio.AbstractServer:
+        assert self.scheduler is not None
+
+        async def metrics() -> Response:
+            if registry is None:
+                return (
+                    503,
+                    "text/plain",
+                    b"metrics need prometheus-client: pip install 'replicron[metrics]'\n",
+                )
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+
+        endpoints = {"/healthz": self.healthz, "/readyz": self.readyz, "/metrics": metrics}
+        page = status_app(self.scheduler, title=f"replicron: {os.path.basename(self.config.path)}")
+        server = await serve(where[0], where[1], endpoints, page)
+        logger.info(
+            "serving /metrics, /healthz, /readyz and the status page on http://%s:%d/",
+            where[0], where[1], extra={"event": "http_listening"},
+        )  # fmt: skip
+        return server
+
+
+class _RunLog(Listener):
+    """A line per finished run, as a cron daemon's log has (the engine logs the rest)."""
+
+    def after_success(self, event: RunEvent) -> None:
+        took = event.duration
+        logger.info(
+            "%s[%s] succeeded in %.3f s", event.job, event.run_id,
+            0.0 if took is None else took.total_seconds(),
+            extra={"event": "succeeded", "job": event.job, "run_id": event.run_id},
+        )  # fmt: skip
+
+
+def _update(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
+    """Change a job in place, keeping its run-time state: a run of its going on still
+    guards against overlap with the changed job's next run."""
+    try:
+        trigger = make_trigger(job)
+        task = make_task(job, config_dir)
+    except ValueError as exc:
+        raise JobProblem(str(exc)) from None
+    options = options_of(job)
+    del options["name"]
+    scheduler._engine.registry.update_job(job.name, trigger, options, task)
+
+
+def _metrics(scheduler: AsyncScheduler) -> tuple[Any, Any]:
+    try:
+        from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
+        from replicron.metrics import ReplicronCollector
+    except ImportError:
+        return None, None
+    registry = CollectorRegistry()
+    collector = ReplicronCollector(scheduler, cluster_every=CLUSTER_EVERY)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return collector, registry
+
+
+def _masked(dsn: str) -> str:
+    from replicron._dsn import mask_dsn
+
+    return mask_dsn(dsn)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(sorted(names)) if names else "none"

@@ -1,0 +1,216 @@
+"""Command jobs: a program run per tick in a process group of its own, its output logged line
+by line, its exit status the run's outcome, and the whole group killed when the run must end.
+
+When the run must end decides how the group ends:
+
+- past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``;
+- its lock or lease lost, or the daemon shutting down past ``stop_timeout``: SIGKILL at once.
+  A lost lease fires ``heartbeat_interval`` before any other replica may take the job over,
+  and SIGKILL needs no cooperation from the program: this is what fences a command.
+
+The program's own child is also told to die with the daemon (``PR_SET_PDEATHSIG``), so a
+daemon killed with SIGKILL does not leave it running unfenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import shlex
+import signal
+import sys
+from collections import deque
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from replicron._schedule.tz import UTC
+from replicron.context import current_run
+
+__all__ = ["CommandFailed", "CommandTask"]
+
+logger = logging.getLogger("replicron.command")
+
+#: Lines of the program's stderr kept for the error text of a failed run.
+ERROR_LINES = 10
+_CHUNK = 65536
+_MAX_LINE = 8192  # longer lines are logged in pieces
+
+
+class CommandFailed(Exception):
+    """The program exited with a non-zero status or was killed by a signal."""
+
+
+def _parent_death_hook() -> object:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the daemon dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return None
+    prctl = ctypes.CDLL(libc_name, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the daemon died between fork and prctl
+            os._exit(137)
+
+    return die_with_parent
+
+
+class CommandTask:
+    """The task of a command job: ``await task()`` inside a run starts the program and ends
+    when it has exited (raising :class:`CommandFailed` on a non-zero status)."""
+
+    def __init__(
+        self,
+        job: str,
+        argv: Sequence[str],
+        *,
+        shell: bool = False,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        kill_grace: timedelta = timedelta(seconds=10),
+    ) -> None:
+        self.job = job
+        self.argv = ("/bin/sh", "-c", argv[0]) if shell else tuple(argv)
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.kill_grace = kill_grace.total_seconds()
+        # What the cluster registry fingerprints: two replicas running different programs
+        # under one job name show up as drift.
+        self.__qualname__ = f"command {shlex.join(self.argv)} in {cwd or '.'}"
+        self.__module__ = "replicron.daemon"
+        self._hook = _parent_death_hook()
+
+    def __repr__(self) -> str:
+        return f"CommandTask({self.job!r}, {list(self.argv)!r})"
+
+    async def __call__(self) -> None:
+        run = current_run()
+        scheduled = run.scheduled_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        env = {
+            **os.environ,
+            **self.env,
+            "REPLICRON_JOB": self.job,
+            "REPLICRON_SCHEDULED_AT": scheduled,
+            "REPLICRON_RUN_ID": "" if run.run_id is None else str(run.run_id),
+            "REPLICRON_REPLICA_ID": run.replica_id,
+        }
+        label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
+        process = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,  # its own process group (and session): killed as one
+            preexec_fn=self._hook,  # type: ignore[arg-type]
+        )
+        group = process.pid
+        errors: deque[str] = deque(maxlen=ERROR_LINES)
+        assert process.stdout is not None
+        assert process.stderr is not None
+        pumps = [
+            asyncio.ensure_future(_pump(process.stdout, self.job, label, "stdout", None)),
+            asyncio.ensure_future(_pump(process.stderr, self.job, label, "stderr", errors)),
+        ]
+        try:
+            status = await process.wait()
+        except asyncio.CancelledError:
+            await self._end(process, group, run)
+            raise
+        finally:
+            # Whatever the program left behind in its group goes with the run: a run is over
+            # when it is recorded, and nothing of it may overlap the next one.
+            _kill_group(group, signal.SIGKILL)
+            await _drain(pumps)
+        if status != 0:
+            raise CommandFailed(_describe(status, errors))
+
+    async def _end(self, process: asyncio.subprocess.Process, group: int, run: object) -> None:
+        """The run was cut off: end the group the way the reason asks for."""
+        timed_out = bool(getattr(run, "timed_out", False)) and not getattr(run, "abandoned", False)
+        if timed_out and self.kill_grace > 0:
+            _kill_group(group, signal.SIGTERM)
+            logger.warning(
+                "%s: past its timeout: sent SIGTERM to its process group; SIGKILL in %g s",
+                self.job, self.kill_grace, extra={"job": self.job, "event": "command_term"},
+            )  # fmt: skip
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), self.kill_grace)
+                return
+            except TimeoutError:
+                logger.warning(
+                    "%s: still running %g s after SIGTERM: SIGKILL", self.job, self.kill_grace,
+                    extra={"job": self.job, "event": "command_kill"},
+                )  # fmt: skip
+            except asyncio.CancelledError:
+                pass  # cut off again meanwhile (its lease ran out): no more waiting
+        else:
+            why = getattr(run, "why", None) or "the run was cancelled"
+            logger.warning(
+                "%s: %s: killing its process group", self.job, why,
+                extra={"job": self.job, "event": "command_kill"},
+            )  # fmt: skip
+        _kill_group(group, signal.SIGKILL)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(process.wait())
+
+
+def _kill_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
+
+
+async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
+    """Let the output readers finish the last lines (the group is gone, so the pipes close)."""
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(asyncio.gather(*pumps)), 5.0)
+    for pump in pumps:
+        pump.cancel()
+
+
+async def _pump(
+    stream: asyncio.StreamReader, job: str, label: str, name: str, tail: deque[str] | None
+) -> None:
+    pending = b""
+    while True:
+        chunk = await stream.read(_CHUNK)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            _log_line(line, job, label, name, tail)
+        while len(pending) > _MAX_LINE:
+            _log_line(pending[:_MAX_LINE], job, label, name, tail)
+            pending = pending[_MAX_LINE:]
+    if pending:
+        _log_line(pending, job, label, name, tail)
+
+
+def _log_line(raw: bytes, job: str, label: str, name: str, tail: deque[str] | None) -> None:
+    line = raw.rstrip(b"\r").decode("utf-8", "replace")
+    if tail is not None:
+        tail.append(line)
+    logger.info("%s %s| %s", label, name, line, extra={"event": name, "job": job})
+
+
+def _describe(status: int, errors: deque[str]) -> str:
+    if status < 0:
+        try:
+            what = f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            what = f"killed by signal {-status}"
+    else:
+        what = f"exit status {status}"
+    if not errors:
+        return what
+    return f"{what}; stderr: " + " / ".join(line for line in errors if line.strip())[-2000:]
