@@ -133,12 +133,25 @@ def _add_source(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--namespace", default="", help="job namespace on PostgreSQL (default none)"
     )
+    command.add_argument(
+        "--config", help="a daemon config (jobs.toml) naming the backend, instead of the above"
+    )
 
 
 def _backend(args: argparse.Namespace) -> Any:
     """The shared backend the arguments (else the environment) name; never opened: its
     cluster methods use a connection of their own."""
     url, state_dir = args.database_url, args.state_dir
+    if args.config:
+        if url or state_dir:
+            raise ValueError("give --config, or --database-url or --state-dir, not both")
+        from .daemon import load_config
+
+        settings = load_config(args.config).scheduler
+        url, state_dir = settings.database_url, settings.state_dir or ".replicron"
+        args.namespace = args.namespace or settings.namespace
+        if url:
+            state_dir = None
     if url and state_dir:
         raise ValueError("give --database-url or --state-dir, not both")
     if not (url or state_dir):

@@ -146,3 +146,26 @@ def test_a_job_a_live_replica_schedules_is_not_forgotten(tmp_path: Path) -> None
         view = s.cluster_status().job("ok")
         assert view is not None
         assert view.scheduled_by == ("live",)
+
+
+def test_status_finds_the_backend_in_a_daemon_config(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    clock = FakeClock(START)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(state), replica_id="node-1")
+    s.add_job(every(seconds=10), lambda: None, name="from-config")
+    with s:
+        assert clock.wait_for_sleepers(1)
+        clock.set(START + timedelta(seconds=10))
+        s.wait_idle()
+    config = tmp_path / "jobs.toml"
+    config.write_text(f'[scheduler]\nstate_dir = "{state}"\n')
+    status = run_cli("status", "--config", str(config), "--json")
+    assert status.returncode == 0, status.stderr
+    assert [job["job"] for job in json.loads(status.stdout)["jobs"]] == ["from-config"]
+    both = run_cli("status", "--config", str(config), "--state-dir", str(state))
+    assert both.returncode == 2
+    assert "not both" in both.stderr
+    config.write_text("[scheduler]\nstate_dir = 3\n")
+    bad = run_cli("status", "--config", str(config))
+    assert bad.returncode == 2
+    assert "state_dir: must be a string" in bad.stderr

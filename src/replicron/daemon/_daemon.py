@@ -131,7 +131,16 @@ class Daemon:
         beat = asyncio.ensure_future(self._beat())
         try:
             if settings.http is not None:
-                server = await self._serve(settings.http, registry)
+                try:
+                    server = await self._serve(settings.http, registry)
+                except OSError as exc:
+                    # The jobs matter more than their dashboard: they run, and the line says
+                    # why probes and scrapes find nobody (a liveness probe restarts the pod).
+                    logger.error(
+                        "cannot serve HTTP on %s:%d (%s): running without /metrics, /healthz, "
+                        "/readyz and the status page", *settings.http, exc.strerror or exc,
+                        extra={"event": "http_failed"},
+                    )  # fmt: skip
             try:
                 await scheduler.start()
             except (ReplicronError, OSError) as exc:
