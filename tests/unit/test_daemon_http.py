@@ -16,9 +16,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
     status = 200 if scope["path"] == "/" else 404
     body = f"{scope['method']} {scope['path']}?{scope['query_string'].decode()}".encode()
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"x-app", b"yes")]}
-    )
+    await send({"type": "http.response.start", "status": status, "headers": [(b"x-app", b"yes")]})
     await send({"type": "http.response.body", "body": body})
 
 

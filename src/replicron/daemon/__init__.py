@@ -34,7 +34,10 @@ def _loaded(path: str, out: TextIO) -> DaemonConfig | None:
     try:
         config = load_config(path)
     except ConfigError as exc:
-        for line in exc.problems:
+        problems = exc.problems
+        if exc.partial is not None:
+            problems += asyncio.run(validate(exc.partial))
+        for line in problems:
             print(line, file=out)
         return None
     problems = asyncio.run(validate(config))
@@ -69,6 +72,8 @@ def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
         config = load_config(path)
     except ConfigError as exc:
         problems = exc.problems
+        if exc.partial is not None:
+            problems += asyncio.run(validate(exc.partial))
     else:
         problems, upcoming_runs = asyncio.run(preview(config, count))
     if problems:

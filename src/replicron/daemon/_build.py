@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from replicron.errors import ReplicronError
+from replicron.errors import PastInstantError, ReplicronError
 from replicron.scheduler import AsyncScheduler
 from replicron.triggers import Trigger, cron, daily, every, monthly, once, weekly
 
@@ -123,9 +123,10 @@ def _import(target: str, config_dir: str) -> Callable[..., Any]:
         found: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ValueProblem(f"call: cannot import {module_name!r}: {exc}") from None
-    except Exception as exc:  # the module's own code failed on import
+    except (Exception, SystemExit) as exc:  # the module's own code failed (or exited) on import
+        said = " ".join(str(exc).split())
         raise ValueProblem(
-            f"call: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+            f"call: importing {module_name!r} raised {type(exc).__name__}: {said}"
         ) from None
     for part in attribute.split("."):
         try:
@@ -155,6 +156,8 @@ class JobProblem(ValueError):
 
 
 def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
+    """Add ``job``; a one-time job whose instants have all passed is left out, no error
+    (see :func:`make_trigger`): it has nothing left to run."""
     try:
         trigger = make_trigger(job)
     except (ValueProblem, ReplicronError) as exc:
@@ -162,6 +165,9 @@ def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
     try:
         func, args, kwargs = make_task(job, config_dir)
         scheduler.add_job(trigger, func, *args, **options_of(job), **kwargs)
+    except PastInstantError as exc:
+        if job.trigger != "once":
+            raise JobProblem(_unprefixed(exc, job.name)) from None
     except (ValueProblem, ReplicronError, TypeError) as exc:
         raise JobProblem(_unprefixed(exc, job.name)) from None
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from replicron.backends import Backend, EmbeddedBackend
 from replicron.cluster import ClusterStatus
-from replicron.errors import ReplicronError
+from replicron.errors import PastInstantError, ReplicronError
 from replicron.events import Listener, RunEvent
 from replicron.scheduler import AsyncScheduler
 from replicron.web import status_app
@@ -91,7 +91,11 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
         problems = add_jobs(scheduler, config)
         if problems or not count:
             return problems, {}
-        return [], {job.name: scheduler.get_job(job.name).next_runs(count) for job in config.jobs}
+        added = {j.name for j in scheduler.jobs()}
+        return [], {
+            job.name: scheduler.get_job(job.name).next_runs(count) if job.name in added else []
+            for job in config.jobs
+        }
     finally:
         await scheduler.shutdown(wait=False)
 
@@ -199,6 +203,8 @@ class Daemon:
             problems = await validate(new)
         except ConfigError as exc:
             problems = exc.problems
+            if exc.partial is not None:
+                problems += await validate(exc.partial)
         if problems:
             for line in problems:
                 logger.error("%s", line, extra={"event": "reload_rejected"})
@@ -222,16 +228,24 @@ class Daemon:
         before = {job.name: job for job in old.jobs}
         after = {job.name: job for job in new.jobs}
         added, changed, removed = [], [], []
+        running = {j.name for j in scheduler.jobs()}  # not the one-time jobs that are over
         try:
             for name in before.keys() - after.keys():
-                scheduler.remove_job(name)
+                if name in running:
+                    scheduler.remove_job(name)
                 removed.append(name)
             for job in new.jobs:
                 if job.name not in before:
                     add_job(scheduler, job, config_dir)
                     added.append(job.name)
                 elif job != before[job.name]:
-                    _update(scheduler, job, config_dir)
+                    if job.name not in running:
+                        add_job(scheduler, job, config_dir)
+                    else:
+                        try:
+                            _update(scheduler, job, config_dir)
+                        except PastInstantError:  # a one-time job with nothing left to run
+                            scheduler.remove_job(job.name)
                     changed.append(job.name)
         except (JobProblem, ReplicronError) as exc:  # checked above: only a race gets here
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})

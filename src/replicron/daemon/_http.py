@@ -32,7 +32,7 @@ def json_response(status: int, body: dict[str, Any]) -> Response:
 
 async def serve(
     host: str, port: int, endpoints: Mapping[str, Endpoint], fallback: App
-) -> asyncio.AbstractServer:
+) -> asyncio.Server:
     """Listen on ``host:port``: paths in ``endpoints`` answer from their function, others from
     the ASGI app ``fallback``."""
 

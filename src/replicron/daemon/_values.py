@@ -25,17 +25,20 @@ def parse_duration(value: object, *, allow_zero: bool = False) -> timedelta:
         raise ValueProblem(f'must be a duration such as "90s", "10m" or "2h", not {value!r}')
     if isinstance(value, str):
         text = value.strip()
+        body = text.removeprefix("-")
         position, seconds = 0, 0.0
-        for part in _DURATION_PART.finditer(text):
+        for part in _DURATION_PART.finditer(body):
             if part.start() != position:
                 break
             seconds += float(part.group(1)) * _UNITS[part.group(2)]
             position = part.end()
-        if not text or position != len(text):
+        if not body or position != len(body):
             raise ValueProblem(
                 f"{value!r} is not a duration: write a number and a unit (ms, s, m, h, d), "
                 'such as "90s", "10m" or "1h30m"'
             )
+        if body != text:
+            seconds = -seconds
     else:
         seconds = float(value)
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
@@ -49,7 +52,7 @@ def parse_duration(value: object, *, allow_zero: bool = False) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-_REFERENCE = re.compile(r"\$(?:\{([^}]*)\}|\$)")
+_REFERENCE = re.compile(r"\$(?:\{([^}]*)(\}?)|\$)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -62,6 +65,8 @@ def expand(text: str, environ: Mapping[str, str]) -> str:
         inner = match.group(1)
         if inner is None:
             return "$"
+        if not match.group(2):
+            raise ValueProblem(f"${{{inner} has no closing brace (write ${{NAME}})")
         name, sep, default = inner.partition(":-")
         if not _NAME.fullmatch(name):
             raise ValueProblem(f"${{{inner}}} is not a variable reference (write ${{NAME}})")

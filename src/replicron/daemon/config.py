@@ -32,9 +32,12 @@ __all__ = [
 class ConfigError(ConfigurationError):
     """A daemon config that cannot run; ``problems`` holds one line per thing to fix."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], partial: DaemonConfig | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        #: The settings and jobs that were read without a problem, for the library's checks
+        #: to find their problems too (a bad file is then fixed in one go).
+        self.partial = partial
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,13 @@ _JOB_KEYS = (
     "tags", "start_at", "stop_at", "max_runs",
 )  # fmt: skip
 _SCHEDULER_KEYS = tuple(f for f in SchedulerConfig.__dataclass_fields__)
+#: The options that only some triggers use: elsewhere they would be silently ignored.
+_USED_BY = {
+    "seconds": ("cron",),
+    "at": ("weekly", "monthly"),
+    "tz": ("cron", "daily", "weekly", "monthly"),
+    "jitter": ("every",),
+}
 _CHOICES = {
     "overlap": ("skip", "queue", "allow"),
     "catch_up": ("latest", "none", "all"),
@@ -151,7 +161,7 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
         seen.add(job.name)
         jobs.append(job)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, DaemonConfig(path, scheduler, tuple(jobs)))
     return DaemonConfig(path, scheduler, tuple(jobs))
 
 
@@ -194,9 +204,18 @@ class _Reader:
             else:
                 continue
             try:
-                values[key] = self._scheduler_value(key, self._expanded(value), key in given)
+                # An environment variable's value is the value: not expanded again.
+                value = value if key in given else self._expanded(value)
+                values[key] = self._scheduler_value(key, value, key in given)
             except ValueProblem as exc:
                 self.problems.append(f"{label}: {exc}")
+        heartbeat = values.get("heartbeat_interval", SchedulerConfig.heartbeat_interval)
+        stale_after = values.get("stale_after")
+        if stale_after is not None and stale_after <= heartbeat:
+            self.problems.append(
+                f"{where}: stale_after ({stale_after}) must be longer than heartbeat_interval "
+                f"({heartbeat})"
+            )
         if values.get("database_url") and values.get("state_dir"):
             self.problems.append(
                 f"{where}: set database_url (PostgreSQL) or state_dir (embedded), not both"
@@ -260,6 +279,12 @@ class _Reader:
             )
         else:
             values["trigger"] = triggers[0]
+            for key, kinds in _USED_BY.items():
+                if key in raw and triggers[0] not in kinds:
+                    self.problems.append(
+                        f"{where}: {key}: applies to {' and '.join(kinds)} jobs, not to "
+                        f"{triggers[0]} (remove it)"
+                    )
             try:
                 values["schedule"] = self._expanded(raw[triggers[0]])
             except ValueProblem as exc:
@@ -302,7 +327,7 @@ class _Reader:
                 raise ValueProblem(f"must be a whole number of at least 1, not {value!r}")
             return value
         if key == "command":
-            return self._command(value, bool(raw.get("shell", False)))
+            return self._command(value, raw.get("shell") is True)
         if key == "call":
             text = _string(value)
             module, colon, attribute = text.partition(":")
