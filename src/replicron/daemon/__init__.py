@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import signal
 import socket
 import sys
 from typing import TextIO
@@ -50,6 +51,9 @@ def run_daemon(path: str) -> int:
     """Run the daemon on the config at ``path`` until SIGTERM or SIGINT; the exit status:
     0 after a graceful stop, 2 for a bad config (one line per problem), 1 when it could not
     start (backend unreachable)."""
+    # A reload asked for before the event loop's handler is set must not kill the daemon
+    # (SIGHUP's default action); the handler replaces this once the scheduler is set up.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     config = _loaded(path, sys.stderr)
     if config is None:
         return 2
