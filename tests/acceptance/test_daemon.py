@@ -542,6 +542,22 @@ def test_sigterm_kills_a_run_that_outlasts_stop_timeout(daemons: Daemons, summar
     )
 
 
+def test_a_daemon_killed_with_sigkill_leaves_nothing_of_its_run(
+    daemons: Daemons, summary: Summary
+) -> None:
+    daemon, _, program, grandchild, _ = one_daemon_with_a_run(
+        daemons, stop_timeout="1s", work_seconds=60
+    )
+    daemon.expected_dead = True
+    daemon.proc.kill()
+    daemon.proc.wait(10)
+    # The kernel tells the group's guard of its parent's death, and it kills the group: the
+    # program and the grandchild it started, which no signal to the program alone reaches.
+    wait_dead(program, "the program")
+    wait_dead(grandchild, "its grandchild sleep")
+    summary("SIGKILL of the daemon during a run: the program and its grandchild died with it")
+
+
 # ---- 4: SIGHUP ----------------------------------------------------------------------------
 
 

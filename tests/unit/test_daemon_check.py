@@ -288,7 +288,7 @@ BAD = [
         '[[job]]\nevery = "1m"\ncommand = ["true"]\n'
         '[[job]]\nname = "a"\ncommand = "echo ${NOPE}"\n',
         [
-            "unknown table [schedulr] (did you mean 'scheduler'?)",
+            "unknown table ['schedulr'] (did you mean 'scheduler'?)",
             "[scheduler]: http: 'x:0' needs a port from 1 to 65535",
             "job #1: needs a name",
             "job 'a': needs exactly one of cron, every, between, daily, weekly, monthly, once",

@@ -21,7 +21,7 @@ import pytest
 from replicron.daemon import ConfigError, DaemonConfig, JobConfig, check_config
 from replicron.daemon._build import make_trigger
 from replicron.daemon._daemon import preview, validate
-from replicron.daemon.config import parse_config
+from replicron.daemon.config import load_config, parse_config
 from replicron.triggers import upcoming
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -93,11 +93,36 @@ def job(body: str, name: str = "j") -> str:
 # ---- the table of bad configs ----------------------------------------------------------------
 
 BAD = [
+    pytest.param(
+        "[scheduler]\nmax_workers = 100000\n",
+        "[scheduler]: max_workers: must be at most 1024 (a thread each), not 100000",
+        id="max-workers-too-many",
+    ),
+    pytest.param(
+        job('every = "1m"\ncommand = ["echo", "a\\u0000b"]\n'),
+        "job 'j': command: an argument holds a NUL character",
+        id="nul-in-argv",
+    ),
+    pytest.param(
+        job('every = "1m"\n' + TASK + 'env = { "A=B" = "x" }\n'),
+        "job 'j': env: 'A=B': a variable's name must be non-empty, without '='",
+        id="env-name-with-equals",
+    ),
+    pytest.param(
+        '[scheduler]\nstate_dir = "/tmp/x\\u0000y"\n',
+        "[scheduler]: state_dir: holds a NUL character",
+        id="nul-in-setting",
+    ),
+    pytest.param(
+        '["a\\nb"]\nx = 1\n',
+        "unknown table ['a\\nb']",
+        id="unknown-table-with-newline",
+    ),
     pytest.param('[scheduler\ntimezone = "UTC"\n', "not valid TOML: ", id="toml-syntax"),
     pytest.param("a = 1\na = 2\n", "not valid TOML: Cannot overwrite a value", id="toml-dup-key"),
     pytest.param(
         '[schedulr]\ntimezone = "UTC"\n',
-        "unknown table [schedulr] (did you mean 'scheduler'?)",
+        "unknown table ['schedulr'] (did you mean 'scheduler'?)",
         id="unknown-table",
     ),
     pytest.param(
@@ -555,7 +580,7 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     )
     problems = problems_of(text, tmp_path)
     expected = [
-        "unknown table [schedulr]",
+        "unknown table ['schedulr']",
         "[scheduler]: unknown setting 'max_worker' (did you mean 'max_workers'?)",
         "[scheduler]: http: 'localhost:0' needs a port",
         "[scheduler]: stop_timeout: 'soon' is not a duration",
@@ -990,3 +1015,11 @@ def test_a_shell_that_is_not_a_boolean_is_one_problem(tmp_path: Path) -> None:
     problems = problems_of(job('every = "1m"\ncommand = ["echo", "hi"]\nshell = "yes"\n'), tmp_path)
     assert len(problems) == 1, problems
     assert "shell: must be true or false, not 'yes'" in problems[0]
+
+
+def test_values_nested_too_deeply_are_one_problem(tmp_path: Path) -> None:
+    config = tmp_path / "deep.toml"
+    config.write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(config, {})
+    assert raised.value.problems == [f"{config}: values nested too deeply"]

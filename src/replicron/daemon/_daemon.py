@@ -88,7 +88,10 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
     except ReplicronError as exc:
         return [f"{config.path}: [scheduler]: {exc}"], {}
     try:
-        problems = add_jobs(scheduler, config)
+        try:
+            problems = add_jobs(scheduler, config)
+        except RecursionError:
+            problems = [f"{config.path}: values nested too deeply"]
         if problems or not count:
             return problems, {}
         added = {j.name for j in scheduler.jobs()}
@@ -215,7 +218,11 @@ class Daemon:
             return False
         old = self.config
         ignored = [
-            k for k in _RESTART_ONLY if getattr(old.scheduler, k) != getattr(new.scheduler, k)
+            k
+            for k in _RESTART_ONLY
+            if getattr(old.scheduler, k) != getattr(new.scheduler, k)
+            # the id the daemon made up at start (host:pid) is no change
+            and not (k == "replica_id" and new.scheduler.replica_id is None)
         ]
         if ignored:
             logger.warning(

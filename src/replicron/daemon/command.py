@@ -8,16 +8,16 @@ When the run must end decides how the group ends:
   A lost lease fires ``heartbeat_interval`` before any other replica may take the job over,
   and SIGKILL needs no cooperation from the program: this is what fences a command.
 
-The program's own child is also told to die with the daemon (``PR_SET_PDEATHSIG``), so a
-daemon killed with SIGKILL does not leave it running unfenced.
+The group's leader is a small guard (``_guard.py``) that the kernel tells when the daemon
+dies (``PR_SET_PDEATHSIG``): it then kills the group, so that a daemon killed with SIGKILL
+leaves nothing of its runs going on. A process that leaves the group (``setsid``, a daemon)
+is out of reach.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import shlex
@@ -26,6 +26,7 @@ import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 
 from replicron._schedule.tz import UTC
 from replicron.context import current_run
@@ -36,31 +37,14 @@ logger = logging.getLogger("replicron.command")
 
 #: Lines of the program's stderr kept for the error text of a failed run.
 ERROR_LINES = 10
+#: Leads each command's process group, and kills it when the daemon dies (see _guard).
+_GUARD = (sys.executable, "-I", "-S", str(Path(__file__).with_name("_guard.py")))
 _CHUNK = 65536
 _MAX_LINE = 8192  # longer lines are logged in pieces
 
 
 class CommandFailed(Exception):
     """The program exited with a non-zero status or was killed by a signal."""
-
-
-def _parent_death_hook() -> object:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the daemon dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return None
-    prctl = ctypes.CDLL(libc_name, use_errno=True).prctl
-    pr_set_pdeathsig = 1
-    parent = os.getpid()
-
-    def die_with_parent() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the daemon died between fork and prctl
-            os._exit(137)
-
-    return die_with_parent
 
 
 class CommandTask:
@@ -86,7 +70,6 @@ class CommandTask:
         # under one job name show up as drift.
         self.__qualname__ = f"command {shlex.join(self.argv)} in {cwd or '.'}"
         self.__module__ = "replicron.daemon"
-        self._hook = _parent_death_hook()
 
     def __repr__(self) -> str:
         return f"CommandTask({self.job!r}, {list(self.argv)!r})"
@@ -104,6 +87,8 @@ class CommandTask:
         }
         label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
         process = await asyncio.create_subprocess_exec(
+            *_GUARD,
+            str(os.getpid()),
             *self.argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -111,7 +96,6 @@ class CommandTask:
             env=env,
             cwd=self.cwd,
             start_new_session=True,  # its own process group (and session): killed as one
-            preexec_fn=self._hook,  # type: ignore[arg-type]
         )
         group = process.pid
         errors: deque[str] = deque(maxlen=ERROR_LINES)
@@ -170,11 +154,19 @@ def _kill_group(group: int, signum: int) -> None:
 
 
 async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
-    """Let the output readers finish the last lines (the group is gone, so the pipes close)."""
-    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-        await asyncio.wait_for(asyncio.shield(asyncio.gather(*pumps)), 5.0)
-    for pump in pumps:
+    """Let the output readers finish the last lines (the group is gone, so the pipes close
+    unless a process that left the group holds them)."""
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait(pumps, timeout=5.0)
+    left = [pump for pump in pumps if not pump.done()]
+    for pump in left:
         pump.cancel()
+    if left:
+        logger.warning(
+            "output still held open 5 s after the run's process group ended (by a process "
+            "that left the group?): stopped reading it", extra={"event": "pipe_held"},
+        )  # fmt: skip
+    await asyncio.gather(*pumps, return_exceptions=True)
 
 
 async def _pump(
@@ -198,6 +190,8 @@ async def _pump(
 
 def _log_line(raw: bytes, job: str, label: str, name: str, tail: deque[str] | None) -> None:
     line = raw.rstrip(b"\r").decode("utf-8", "replace")
+    if not line.isprintable():  # no terminal escapes or carriage returns into the log
+        line = "".join(c if c == "\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in line)
     if tail is not None:
         tail.append(line)
     logger.info("%s %s| %s", label, name, line, extra={"event": name, "job": job})

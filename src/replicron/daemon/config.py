@@ -96,6 +96,9 @@ class DaemonConfig:
     jobs: tuple[JobConfig, ...] = field(default=())
 
 
+#: Worker threads for ``call`` jobs at most (each is a thread, made when the daemon starts).
+MAX_WORKERS = 1024
+
 #: How a job says when it runs: exactly one of these per job.
 TRIGGER_KEYS = ("cron", "every", "between", "daily", "weekly", "monthly", "once")
 _JOB_KEYS = (
@@ -131,7 +134,10 @@ def load_config(
         raise ConfigError(
             [f"{name}: cannot read it: {getattr(exc, 'strerror', None) or exc}"]
         ) from None
-    return parse_config(text, name, os.environ if environ is None else environ)
+    try:
+        return parse_config(text, name, os.environ if environ is None else environ)
+    except RecursionError:
+        raise ConfigError([f"{name}: values nested too deeply"]) from None
 
 
 def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConfig:
@@ -143,7 +149,7 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
     reader = _Reader(path, environ, problems)
     for key in document:
         if key not in ("scheduler", "job"):
-            problems.append(f"{path}: unknown table [{key}]{_suggest(key, ('scheduler', 'job'))}")
+            problems.append(f"{path}: unknown table [{key!r}]{_suggest(key, ('scheduler', 'job'))}")
     scheduler = reader.scheduler(document.get("scheduler", {}))
     raw_jobs = document.get("job", [])
     jobs: list[JobConfig] = []
@@ -234,6 +240,8 @@ class _Reader:
                 value = int(value)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueProblem(f"must be a whole number of at least 1, not {value!r}")
+            if key == "max_workers" and value > MAX_WORKERS:
+                raise ValueProblem(f"must be at most {MAX_WORKERS} (a thread each), not {value!r}")
             return value
         if key in ("log_level",) and isinstance(value, str):
             value = value.upper()
@@ -347,6 +355,12 @@ class _Reader:
         if key == "env":
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ValueProblem('must be a table of strings, such as { LANG = "C.UTF-8" }')
+            for name, text in value.items():
+                if not name or "=" in name or "\0" in name or "\0" in text:
+                    raise ValueProblem(
+                        f"{name!r}: a variable's name must be non-empty, without '=' or NUL, "
+                        "and its value without NUL"
+                    )
             return tuple(sorted(value.items()))
         if key in ("tags", "at"):
             items = [value] if isinstance(value, str) else value
@@ -369,6 +383,8 @@ class _Reader:
         if shell:
             if not isinstance(value, str) or not value.strip():
                 raise ValueProblem("with shell = true, must be one string of shell script")
+            if "\0" in value:
+                raise ValueProblem("the script holds a NUL character")
             return (value,)
         if isinstance(value, str):
             raise ValueProblem(
@@ -379,6 +395,8 @@ class _Reader:
             raise ValueProblem(f"must be a non-empty list of strings, not {value!r}")
         if not value[0]:
             raise ValueProblem("its first item, the program, is empty")
+        if any("\0" in item for item in value):
+            raise ValueProblem("an argument holds a NUL character, which no program can receive")
         return tuple(value)
 
     def _expanded(self, value: object) -> object:
@@ -395,4 +413,6 @@ class _Reader:
 def _string(value: object) -> str:
     if not isinstance(value, str):
         raise ValueProblem(f"must be a string, not {value!r}")
+    if "\0" in value:
+        raise ValueProblem(f"holds a NUL character: {value!r}")
     return value
