@@ -542,6 +542,27 @@ def test_sigterm_kills_a_run_that_outlasts_stop_timeout(daemons: Daemons, summar
     )
 
 
+def test_a_second_sigterm_kills_the_run_at_once(daemons: Daemons, summary: Summary) -> None:
+    daemon, state_dir, program, grandchild, facts = one_daemon_with_a_run(
+        daemons, stop_timeout="60s", work_seconds=60
+    )
+    daemon.expected_dead = True
+    began = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    daemon.wait_log("stopping: no new ticks", 10)
+    assert program.alive, "the first SIGTERM lets the run go on"
+    daemon.signal(signal.SIGTERM)
+    code = daemon.proc.wait(20)
+    took = time.monotonic() - began
+    assert code == 0, daemon.log()
+    assert took < 15, took  # not the 60 s stop_timeout
+    wait_dead(program, "the program")
+    wait_dead(grandchild, "its grandchild sleep")
+    assert daemon.lines("received again: killing the runs going on now"), daemon.log()
+    ledger_row(lambda: embedded_ledger(state_dir, "work"), int(facts["run_id"]), "abandoned")
+    summary(f"a second SIGTERM during a 60 s stop_timeout: run killed, exit 0 in {took:.2f} s")
+
+
 def test_a_daemon_killed_with_sigkill_leaves_nothing_of_its_run(
     daemons: Daemons, summary: Summary
 ) -> None:

@@ -206,6 +206,11 @@ class Engine:
         self._stopped.set_result(None)
         self.observer.log(_INFO, "scheduler_stopped", "scheduler stopped")
 
+    def stop_waiting(self) -> None:
+        """A shutdown under way cuts the runs going on off now instead of letting them
+        finish (a second SIGTERM to the daemon, say)."""
+        self._runs.stop_waiting()
+
     async def _hand_over_deferred(self, limit: float) -> None:
         """Ticks left for replicas with free threads, and not taken by this one: the others
         get a moment to claim them (a rolling restart stops one replica of several, mid

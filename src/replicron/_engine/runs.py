@@ -131,6 +131,8 @@ class RunExecutor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._workers: WorkerPool[Run] | None = None
         self._idle: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None
+        self._hurried = False
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -388,10 +390,23 @@ class RunExecutor:
                 self._observer.notify("on_lock_error", run.event(None, error))
 
     async def wait_finished(self, timeout: float) -> None:
+        """Wait for the runs going on to finish, up to ``timeout`` seconds or until
+        :meth:`stop_waiting`."""
         assert self._idle is not None
-        if self.active:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout)
+        if self.active and not self._hurried:
+            self._hurry = asyncio.Event()
+            waits = {asyncio.ensure_future(e.wait()) for e in (self._idle, self._hurry)}
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+
+    def stop_waiting(self) -> None:
+        """A shutdown waiting for runs to finish waits no more (they are cut off at once)."""
+        self._hurried = True
+        if self._hurry is not None:
+            self._hurry.set()
 
     async def abandon_all(self, grace: float) -> None:
         """At shutdown: cut off every run still going; recorded abandoned. Async runs get

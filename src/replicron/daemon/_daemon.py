@@ -180,8 +180,16 @@ class Daemon:
 
     def _stop_signalled(self, signum: int) -> None:
         self._stop_signals += 1
+        name = signal.Signals(signum).name
         if self._stop_signals == 1:
-            logger.info("%s received", signal.Signals(signum).name, extra={"event": "signal"})
+            logger.info("%s received", name, extra={"event": "signal"})
+        elif self.scheduler is not None:
+            # Ctrl-C twice, or an impatient supervisor: stop waiting for runs to finish.
+            logger.warning(
+                "%s received again: killing the runs going on now", name,
+                extra={"event": "signal"},
+            )  # fmt: skip
+            self.scheduler._engine.stop_waiting()
         self._stop.set()
 
     async def _serve_signals(self) -> None:
