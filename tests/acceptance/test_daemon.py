@@ -820,3 +820,30 @@ def test_a_failed_command_is_recorded_with_its_exit_status_and_stderr(
     code, _ = daemon.stop()
     assert code == 0, daemon.log()
     summary(f"exit 3: failed, error {row.error!r}")
+
+
+def test_a_run_ends_when_its_program_exits_and_takes_its_background_children(
+    daemons: Daemons, summary: Summary
+) -> None:
+    state_dir = daemons.dir / "state"
+    pidfile = daemons.dir / "background.pid"
+    # The background sleep holds the run's output pipe open for 60 s after the shell exits.
+    script = f"sleep 60 & echo $! > {pidfile}; echo started"
+    settings = {"state_dir": str(state_dir), "replica_id": "solo", "stop_timeout": "5s"}
+    spec = {"name": "bg", "every": "1s", "max_runs": 1, "command": ["sh", "-c", script]}
+    daemon = daemons.start("solo", config_text(settings, [spec]))
+    row = daemons.wait_until(
+        "the run to be recorded",
+        lambda: next((r for r in embedded_ledger(state_dir, "bg") if r.outcome), None),
+        20,
+    )
+    assert row.outcome == "succeeded", row
+    assert row.started_at is not None
+    assert row.finished_at is not None
+    took = (row.finished_at - row.started_at).total_seconds()
+    assert took < 10, took  # the shell's exit, not the sleep's
+    pid = int(pidfile.read_text())
+    poll_until("the background sleep to be killed", lambda: start_time(pid) is None or None, 10)
+    code, _ = daemon.stop()
+    assert code == 0, daemon.log()
+    summary(f"a background child holding the output: the run took {took:.3f} s, the child killed")

@@ -47,6 +47,20 @@ class CommandFailed(Exception):
     """The program exited with a non-zero status or was killed by a signal."""
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """The streams' protocol, which also tells when the process exited: ``Process.wait()``
+    waits for its pipes to close as well, which a background child holds open."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=_CHUNK, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
 class CommandTask:
     """The task of a command job: ``await task()`` inside a run starts the program and ends
     when it has exited (raising :class:`CommandFailed` on a non-zero status)."""
@@ -86,7 +100,9 @@ class CommandTask:
             "REPLICRON_REPLICA_ID": run.replica_id,
         }
         label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
-        process = await asyncio.create_subprocess_exec(
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _ExitProtocol(loop),
             *_GUARD,
             str(os.getpid()),
             *self.argv,
@@ -97,6 +113,8 @@ class CommandTask:
             cwd=self.cwd,
             start_new_session=True,  # its own process group (and session): killed as one
         )
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        exited = protocol.exited
         group = process.pid
         errors: deque[str] = deque(maxlen=ERROR_LINES)
         assert process.stdout is not None
@@ -106,9 +124,10 @@ class CommandTask:
             asyncio.ensure_future(_pump(process.stderr, self.job, label, "stderr", errors)),
         ]
         try:
-            status = await process.wait()
+            await asyncio.shield(exited)
+            status = process.returncode
         except asyncio.CancelledError:
-            await self._end(process, group, run)
+            await self._end(exited, group, run)
             raise
         finally:
             # Whatever the program left behind in its group goes with the run: a run is over
@@ -116,9 +135,9 @@ class CommandTask:
             _kill_group(group, signal.SIGKILL)
             await _drain(pumps)
         if status != 0:
-            raise CommandFailed(_describe(status, errors))
+            raise CommandFailed(_describe(-1 if status is None else status, errors))
 
-    async def _end(self, process: asyncio.subprocess.Process, group: int, run: object) -> None:
+    async def _end(self, exited: asyncio.Future[None], group: int, run: object) -> None:
         """The run was cut off: end the group the way the reason asks for."""
         timed_out = bool(getattr(run, "timed_out", False)) and not getattr(run, "abandoned", False)
         if timed_out and self.kill_grace > 0:
@@ -128,7 +147,7 @@ class CommandTask:
                 self.job, self.kill_grace, extra={"job": self.job, "event": "command_term"},
             )  # fmt: skip
             try:
-                await asyncio.wait_for(asyncio.shield(process.wait()), self.kill_grace)
+                await asyncio.wait_for(asyncio.shield(exited), self.kill_grace)
                 return
             except TimeoutError:
                 logger.warning(
@@ -145,7 +164,7 @@ class CommandTask:
             )  # fmt: skip
         _kill_group(group, signal.SIGKILL)
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(process.wait())
+            await asyncio.shield(exited)
 
 
 def _kill_group(group: int, signum: int) -> None:
