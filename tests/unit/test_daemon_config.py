@@ -94,6 +94,21 @@ def job(body: str, name: str = "j") -> str:
 
 BAD = [
     pytest.param(
+        job('every = "1m"\n' + TASK + 'args = ["x"]\n'),
+        "job 'j': args: applies to call jobs, not to command jobs (remove it)",
+        id="args-on-a-command",
+    ),
+    pytest.param(
+        job('every = "1m"\ncall = "os:getcwd"\nenv = { A = "b" }\n'),
+        "job 'j': env: applies to command jobs, not to call jobs (remove it)",
+        id="env-on-a-call",
+    ),
+    pytest.param(
+        '[scheduler]\nmigrate = "no"\n',
+        "[scheduler]: migrate: must be true or false, not 'no'",
+        id="migrate-not-a-bool",
+    ),
+    pytest.param(
         "[scheduler]\nmax_workers = 100000\n",
         "[scheduler]: max_workers: must be at most 1024 (a thread each), not 100000",
         id="max-workers-too-many",
@@ -736,6 +751,8 @@ def test_environment_settings_override_the_file() -> None:
         "REPLICRON_LOG_LEVEL": "debug",
         "REPLICRON_HTTP": ":9464",
         "REPLICRON_NAMESPACE": "",  # empty: not given, the file's stays
+        "REPLICRON_MIGRATE": "false",
+        "REPLICRON_SESSION_POOLER": "1",
     }
     settings = parsed(text, environ).scheduler
     assert settings.stop_timeout == timedelta(seconds=45)
@@ -746,11 +763,13 @@ def test_environment_settings_override_the_file() -> None:
     assert settings.log_level == "DEBUG"
     assert settings.http == ("127.0.0.1", 9464)
     assert settings.namespace == "file"
+    assert (settings.migrate, settings.session_pooler) == (False, True)
     # Without the environment, the file's values.
     settings = parsed(text).scheduler
     assert (settings.state_dir, settings.database_url) == ("/from/file", None)
     assert (settings.stop_timeout, settings.max_workers) == (timedelta(seconds=5), 3)
     assert settings.backend_kind == "embedded"
+    assert (settings.migrate, settings.session_pooler) == (True, False)
 
 
 def test_replicron_state_dir_replaces_the_files_database_url() -> None:

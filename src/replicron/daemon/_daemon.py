@@ -34,6 +34,7 @@ READY_WITHIN = 3 * CLUSTER_EVERY
 LOOP_STALL = 10.0
 #: Settings that only a restart applies (a reload says so and keeps the running ones).
 _RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_id",
+                 "migrate", "session_pooler",
                  "max_workers", "max_concurrent_jobs", "concurrency_mode", "http",
                  "heartbeat_interval", "stale_after", "log_format")  # fmt: skip
 
@@ -45,6 +46,8 @@ def make_backend(settings: SchedulerConfig) -> Backend:
         return PostgresBackend(
             settings.database_url,
             namespace=settings.namespace,
+            migrate=settings.migrate,
+            session_pooler=settings.session_pooler,
             heartbeat_interval=settings.heartbeat_interval.total_seconds(),
             stale_after=None
             if settings.stale_after is None
@@ -150,8 +153,9 @@ class Daemon:
                     )  # fmt: skip
             try:
                 await scheduler.start()
-            except (ReplicronError, OSError) as exc:
-                logger.error("cannot start: %s", exc, extra={"event": "startup_failed"})
+            except Exception as exc:  # unreachable, refused, no privileges: one line, no trace
+                said = _masked(" ".join(str(exc).split()))
+                logger.error("cannot start: %s", said, extra={"event": "startup_failed"})
                 return 1
             where = (settings.database_url and _masked(settings.database_url)) or os.path.abspath(
                 settings.state_dir or ".replicron"

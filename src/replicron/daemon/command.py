@@ -120,8 +120,12 @@ class CommandTask:
         assert process.stdout is not None
         assert process.stderr is not None
         pumps = [
-            asyncio.ensure_future(_pump(process.stdout, self.job, label, "stdout", None)),
-            asyncio.ensure_future(_pump(process.stderr, self.job, label, "stderr", errors)),
+            asyncio.ensure_future(
+                _pump(process.stdout, self.job, label, "stdout", None, run.run_id)
+            ),
+            asyncio.ensure_future(
+                _pump(process.stderr, self.job, label, "stderr", errors, run.run_id)
+            ),
         ]
         try:
             await asyncio.shield(exited)
@@ -189,8 +193,14 @@ async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
 
 
 async def _pump(
-    stream: asyncio.StreamReader, job: str, label: str, name: str, tail: deque[str] | None
+    stream: asyncio.StreamReader,
+    job: str,
+    label: str,
+    name: str,
+    tail: deque[str] | None,
+    run_id: int | None,
 ) -> None:
+    extra: dict[str, object] = {"event": name, "job": job, "run_id": run_id}
     pending = b""
     while True:
         chunk = await stream.read(_CHUNK)
@@ -199,21 +209,23 @@ async def _pump(
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            _log_line(line, job, label, name, tail)
+            _log_line(line, extra, label, name, tail)
         while len(pending) > _MAX_LINE:
-            _log_line(pending[:_MAX_LINE], job, label, name, tail)
+            _log_line(pending[:_MAX_LINE], extra, label, name, tail)
             pending = pending[_MAX_LINE:]
     if pending:
-        _log_line(pending, job, label, name, tail)
+        _log_line(pending, extra, label, name, tail)
 
 
-def _log_line(raw: bytes, job: str, label: str, name: str, tail: deque[str] | None) -> None:
+def _log_line(
+    raw: bytes, extra: dict[str, object], label: str, name: str, tail: deque[str] | None
+) -> None:
     line = raw.rstrip(b"\r").decode("utf-8", "replace")
     if not line.isprintable():  # no terminal escapes or carriage returns into the log
         line = "".join(c if c == "\t" or c.isprintable() else f"\\x{ord(c):02x}" for c in line)
     if tail is not None:
         tail.append(line)
-    logger.info("%s %s| %s", label, name, line, extra={"event": name, "job": job})
+    logger.info("%s %s| %s", label, name, line, extra=extra)
 
 
 def _describe(status: int, errors: deque[str]) -> str:

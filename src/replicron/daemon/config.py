@@ -56,6 +56,8 @@ class SchedulerConfig:
     stale_after: timedelta | None = None
     log_level: str = "INFO"
     log_format: str = "text"
+    migrate: bool = True
+    session_pooler: bool = False
 
     @property
     def backend_kind(self) -> str:
@@ -114,6 +116,14 @@ _USED_BY = {
     "tz": ("cron", "daily", "weekly", "monthly"),
     "jitter": ("every",),
 }
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+#: Options of the other kind of task, refused rather than ignored.
+_TASK_KEYS = {
+    "command": ("args", "kwargs"),
+    "call": ("env", "cwd", "shell", "kill_grace"),
+}
+_OTHER = {"command": "call", "call": "command"}
 _CHOICES = {
     "overlap": ("skip", "queue", "allow"),
     "catch_up": ("latest", "none", "all"),
@@ -243,6 +253,12 @@ class _Reader:
             if key == "max_workers" and value > MAX_WORKERS:
                 raise ValueProblem(f"must be at most {MAX_WORKERS} (a thread each), not {value!r}")
             return value
+        if key in ("migrate", "session_pooler"):
+            if textual and isinstance(value, str) and value.strip().lower() in _BOOLEANS:
+                value = _BOOLEANS[value.strip().lower()]
+            if not isinstance(value, bool):
+                raise ValueProblem(f"must be true or false, not {value!r}")
+            return value
         if key in ("log_level",) and isinstance(value, str):
             value = value.upper()
         text = _string(value)
@@ -303,6 +319,13 @@ class _Reader:
                 f'{where}: needs a command = [...] to run or a call = "module:function"; '
                 + ("it has both" if task else "it has neither")
             )
+        else:
+            for key in _TASK_KEYS[task[0]]:
+                if key in raw:
+                    self.problems.append(
+                        f"{where}: {key}: applies to {_OTHER[task[0]]} jobs, not to {task[0]} "
+                        "jobs (remove it)"
+                    )
         for key, value in raw.items():
             if key in ("name", *TRIGGER_KEYS) or key not in _JOB_KEYS:
                 continue
