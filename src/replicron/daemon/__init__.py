@@ -51,9 +51,13 @@ def run_daemon(path: str) -> int:
     """Run the daemon on the config at ``path`` until SIGTERM or SIGINT; the exit status:
     0 after a graceful stop, 2 for a bad config (one line per problem), 1 when it could not
     start (backend unreachable)."""
-    # A reload asked for before the event loop's handler is set must not kill the daemon
-    # (SIGHUP's default action); the handler replaces this once the scheduler is set up.
+    # Signals that come before the event loop's handlers are set: a reload is moot (the
+    # config is being read), a stop is kept and acted on once the loop runs, rather than
+    # killing the process (their default actions) or raising KeyboardInterrupt.
+    early: list[int] = []
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, _: early.append(received))
     config = _loaded(path, sys.stderr)
     if config is None:
         return 2
@@ -62,7 +66,7 @@ def run_daemon(path: str) -> int:
     if settings.replica_id is None:
         config = DaemonConfig(config.path, _with_replica(settings, replica), config.jobs)
     setup_logging(settings.log_level, settings.log_format, replica)
-    return asyncio.run(Daemon(config).run())
+    return asyncio.run(Daemon(config, early).run())
 
 
 def _with_replica(settings: SchedulerConfig, replica: str) -> SchedulerConfig:

@@ -107,8 +107,9 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
 
 
 class Daemon:
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, early_signals: list[int] | None = None) -> None:
         self.config = config
+        self._early_signals = [] if early_signals is None else early_signals
         self.scheduler: AsyncScheduler | None = None
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
@@ -134,6 +135,8 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop_signalled, signum)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
+        for early in self._early_signals:  # came while the config was read
+            self._stop_signalled(early)
         scheduler.add_listener(_RunLog())
         scheduler.watch_cluster(self._cluster_read, every=CLUSTER_EVERY)
         collector, registry = _metrics(scheduler)
