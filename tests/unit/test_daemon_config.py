@@ -94,6 +94,11 @@ def job(body: str, name: str = "j") -> str:
 
 BAD = [
     pytest.param(
+        '[scheduler]\ndatabase_url = "mysql://app:hunter2@db/jobs"\n',
+        "[scheduler]: database_url: not a valid PostgreSQL connection string",
+        id="database-url-not-postgresql",
+    ),
+    pytest.param(
         job('every = "1m"\n' + TASK + 'args = ["x"]\n'),
         "job 'j': args: applies to call jobs, not to command jobs (remove it)",
         id="args-on-a-command",
@@ -752,6 +757,7 @@ def test_environment_settings_override_the_file() -> None:
         "REPLICRON_HTTP": ":9464",
         "REPLICRON_NAMESPACE": "",  # empty: not given, the file's stays
         "REPLICRON_MIGRATE": "false",
+        "REPLICRON_HEARTBEAT_INTERVAL": "2",  # seconds, as a number would be in the file
         "REPLICRON_SESSION_POOLER": "1",
     }
     settings = parsed(text, environ).scheduler
@@ -764,6 +770,7 @@ def test_environment_settings_override_the_file() -> None:
     assert settings.http == ("127.0.0.1", 9464)
     assert settings.namespace == "file"
     assert (settings.migrate, settings.session_pooler) == (False, True)
+    assert settings.heartbeat_interval == timedelta(seconds=2)
     # Without the environment, the file's values.
     settings = parsed(text).scheduler
     assert (settings.state_dir, settings.database_url) == ("/from/file", None)

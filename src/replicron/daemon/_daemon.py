@@ -86,6 +86,12 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
                 f"{config.path}: [scheduler]: database_url needs PostgreSQL support: "
                 "pip install 'replicron[postgres]'"
             ], {}
+        from replicron.postgres._sources import conninfo_of
+
+        try:
+            conninfo_of(config.scheduler.database_url)
+        except ReplicronError as exc:
+            return [f"{config.path}: [scheduler]: database_url: {_masked(str(exc))}"], {}
     try:
         scheduler = make_scheduler(config.scheduler, None)
     except ReplicronError as exc:

@@ -15,6 +15,7 @@ class ValueProblem(ValueError):
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -23,6 +24,8 @@ def parse_duration(value: object, *, allow_zero: bool = False) -> timedelta:
     seconds."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueProblem(f'must be a duration such as "90s", "10m" or "2h", not {value!r}')
+    if isinstance(value, str) and _SECONDS.fullmatch(value.strip()):
+        value = float(value)  # "30" from an environment variable: seconds, as 30 in TOML
     if isinstance(value, str):
         text = value.strip()
         body = text.removeprefix("-")

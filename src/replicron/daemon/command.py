@@ -138,6 +138,7 @@ class CommandTask:
             # when it is recorded, and nothing of it may overlap the next one.
             _kill_group(group, signal.SIGKILL)
             await _drain(pumps)
+            transport.close()  # its pipes too, held open by a process that left the group
         if status != 0:
             raise CommandFailed(_describe(-1 if status is None else status, errors))
 
