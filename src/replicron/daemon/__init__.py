@@ -13,7 +13,7 @@ import sys
 from typing import TextIO
 from zoneinfo import ZoneInfo
 
-from ._daemon import Daemon, preview, validate
+from ._daemon import Daemon, load_checked
 from ._logs import setup_logging
 from .command import CommandFailed, CommandTask
 from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
@@ -32,19 +32,10 @@ __all__ = [
 
 
 def _loaded(path: str, out: TextIO) -> DaemonConfig | None:
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        problems = exc.problems
-        if exc.partial is not None:
-            problems += asyncio.run(validate(exc.partial))
-        for line in problems:
-            print(line, file=out)
-        return None
-    problems = asyncio.run(validate(config))
+    config, problems, _ = asyncio.run(load_checked(path))
     for line in problems:
         print(line, file=out)
-    return None if problems else config
+    return config
 
 
 def run_daemon(path: str) -> int:
@@ -61,6 +52,7 @@ def run_daemon(path: str) -> int:
     config = _loaded(path, sys.stderr)
     if config is None:
         return 2
+    assert config is not None
     settings = config.scheduler
     replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
     if settings.replica_id is None:
@@ -76,18 +68,12 @@ def _with_replica(settings: SchedulerConfig, replica: str) -> SchedulerConfig:
 def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
     """Validate the config at ``path`` as the daemon would, and print each job's next
     ``count`` fire times; 0 when it is valid, 2 (with one line per problem) when not."""
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        problems = exc.problems
-        if exc.partial is not None:
-            problems += asyncio.run(validate(exc.partial))
-    else:
-        problems, upcoming_runs = asyncio.run(preview(config, count))
+    config, problems, upcoming_runs = asyncio.run(load_checked(path, count))
     if problems:
         for line in problems:
             print(line, file=out)
         return 2
+    assert config is not None
     settings = config.scheduler
     backend = (
         f"PostgreSQL (namespace {settings.namespace!r})"

@@ -22,7 +22,7 @@ from ._build import JobProblem, add_job, add_jobs, make_task, make_trigger, opti
 from ._http import Response, json_response, serve
 from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
 
-__all__ = ["Daemon", "make_scheduler", "preview", "validate"]
+__all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
 
 logger = logging.getLogger("replicron.daemon")
 
@@ -74,6 +74,23 @@ async def validate(config: DaemonConfig) -> list[str]:
     zones, options, programs, imports, arguments), one line each; nothing is started."""
     problems, _ = await preview(config, 0)
     return problems
+
+
+async def load_checked(
+    path: str, count: int = 0
+) -> tuple[DaemonConfig | None, list[str], dict[str, list[datetime]]]:
+    """Read the config at ``path`` and check it whole: the config (``None`` when it has
+    problems), every problem (the file's and its jobs'), and with ``count`` each job's next
+    fire times."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        problems = list(exc.problems)
+        if exc.partial is not None:  # the jobs that parsed, checked as well: all in one go
+            problems += await validate(exc.partial)
+        return None, problems, {}
+    problems, upcoming = await preview(config, count)
+    return (None if problems else config), problems, upcoming
 
 
 async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str, list[datetime]]]:
@@ -222,14 +239,8 @@ class Daemon:
         scheduler = self.scheduler
         assert scheduler is not None
         logger.info("SIGHUP: reloading %s", self.config.path, extra={"event": "reload"})
-        try:
-            new = load_config(self.config.path)
-            problems = await validate(new)
-        except ConfigError as exc:
-            problems = exc.problems
-            if exc.partial is not None:
-                problems += await validate(exc.partial)
-        if problems:
+        new, problems, _ = await load_checked(self.config.path)
+        if new is None:
             for line in problems:
                 logger.error("%s", line, extra={"event": "reload_rejected"})
             logger.error(
