@@ -79,7 +79,7 @@ def options_of(job: JobConfig) -> dict[str, Any]:
 
 def make_task(job: JobConfig, config_dir: str) -> Task:
     if job.command is not None:
-        _check_program(job, config_dir)
+        _check_program(job)
         cwd = _cwd(job)
         task = CommandTask(
             job.name, job.command, shell=job.shell, env=dict(job.env), cwd=cwd,
@@ -98,7 +98,7 @@ def _cwd(job: JobConfig) -> str | None:
     return os.path.abspath(job.cwd)
 
 
-def _check_program(job: JobConfig, config_dir: str) -> None:
+def _check_program(job: JobConfig) -> None:
     assert job.command is not None
     program = "/bin/sh" if job.shell else job.command[0]
     cwd = _cwd(job) or os.getcwd()
