@@ -20,7 +20,16 @@ from ._values import ValueProblem, parse_duration, parse_instant
 from .command import CommandTask
 from .config import DaemonConfig, JobConfig
 
-__all__ = ["JobProblem", "Task", "add_job", "add_jobs", "make_task", "make_trigger", "options_of"]
+__all__ = [
+    "JobProblem",
+    "Task",
+    "add_job",
+    "add_jobs",
+    "make_task",
+    "make_trigger",
+    "options_of",
+    "update_job",
+]
 
 #: What a job runs: the callable and its bound arguments.
 Task = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -158,17 +167,34 @@ class JobProblem(ValueError):
 def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
     """Add ``job``; a one-time job whose instants have all passed is left out, no error
     (see :func:`make_trigger`): it has nothing left to run."""
+    trigger, (func, args, kwargs) = _parts(job, config_dir)
+    try:
+        scheduler.add_job(trigger, func, *args, **options_of(job), **kwargs)
+    except PastInstantError as exc:
+        if job.trigger != "once":
+            raise JobProblem(_unprefixed(exc, job.name)) from None
+    except (ReplicronError, TypeError) as exc:
+        raise JobProblem(_unprefixed(exc, job.name)) from None
+
+
+def update_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
+    """Change ``job`` in place, keeping its run-time state: a run of it going on still guards
+    against overlap with the changed job's next run."""
+    trigger, task = _parts(job, config_dir)
+    options = options_of(job)
+    del options["name"]
+    scheduler._engine.registry.update_job(job.name, trigger, options, task)
+
+
+def _parts(job: JobConfig, config_dir: str) -> tuple[Trigger, Task]:
+    """The job's trigger and task, or a :class:`JobProblem` saying which is wrong."""
     try:
         trigger = make_trigger(job)
     except (ValueProblem, ReplicronError) as exc:
         raise JobProblem(f"{job.trigger}: {_unprefixed(exc, job.name)}") from None
     try:
-        func, args, kwargs = make_task(job, config_dir)
-        scheduler.add_job(trigger, func, *args, **options_of(job), **kwargs)
-    except PastInstantError as exc:
-        if job.trigger != "once":
-            raise JobProblem(_unprefixed(exc, job.name)) from None
-    except (ValueProblem, ReplicronError, TypeError) as exc:
+        return trigger, make_task(job, config_dir)
+    except (ValueProblem, ReplicronError) as exc:
         raise JobProblem(_unprefixed(exc, job.name)) from None
 
 

@@ -11,6 +11,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from replicron._dsn import mask_dsn
 from replicron.backends import Backend, EmbeddedBackend
 from replicron.cluster import ClusterStatus
 from replicron.errors import PastInstantError, ReplicronError
@@ -18,9 +19,9 @@ from replicron.events import Listener, RunEvent
 from replicron.scheduler import AsyncScheduler
 from replicron.web import status_app
 
-from ._build import JobProblem, add_job, add_jobs, make_task, make_trigger, options_of
+from ._build import JobProblem, add_job, add_jobs, update_job
 from ._http import Response, json_response, serve
-from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
+from .config import ConfigError, DaemonConfig, SchedulerConfig, load_config
 
 __all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
 
@@ -108,7 +109,7 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
         try:
             conninfo_of(config.scheduler.database_url)
         except ReplicronError as exc:
-            return [f"{config.path}: [scheduler]: database_url: {_masked(str(exc))}"], {}
+            return [f"{config.path}: [scheduler]: database_url: {mask_dsn(str(exc))}"], {}
     try:
         scheduler = make_scheduler(config.scheduler, None)
     except ReplicronError as exc:
@@ -180,10 +181,10 @@ class Daemon:
             try:
                 await scheduler.start()
             except Exception as exc:  # unreachable, refused, no privileges: one line, no trace
-                said = _masked(" ".join(str(exc).split()))
+                said = mask_dsn(" ".join(str(exc).split()))
                 logger.error("cannot start: %s", said, extra={"event": "startup_failed"})
                 return 1
-            where = (settings.database_url and _masked(settings.database_url)) or os.path.abspath(
+            where = (settings.database_url and mask_dsn(settings.database_url)) or os.path.abspath(
                 settings.state_dir or ".replicron"
             )
             logger.info(
@@ -282,7 +283,7 @@ class Daemon:
                         add_job(scheduler, job, config_dir)
                     else:
                         try:
-                            _update(scheduler, job, config_dir)
+                            update_job(scheduler, job, config_dir)
                         except PastInstantError:  # a one-time job with nothing left to run
                             scheduler.remove_job(job.name)
                     changed.append(job.name)
@@ -375,19 +376,6 @@ class _RunLog(Listener):
         )  # fmt: skip
 
 
-def _update(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
-    """Change a job in place, keeping its run-time state: a run of its going on still
-    guards against overlap with the changed job's next run."""
-    try:
-        trigger = make_trigger(job)
-        task = make_task(job, config_dir)
-    except ValueError as exc:
-        raise JobProblem(str(exc)) from None
-    options = options_of(job)
-    del options["name"]
-    scheduler._engine.registry.update_job(job.name, trigger, options, task)
-
-
 def _metrics(scheduler: AsyncScheduler) -> tuple[Any, Any]:
     try:
         from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -401,12 +389,6 @@ def _metrics(scheduler: AsyncScheduler) -> tuple[Any, Any]:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return collector, registry
-
-
-def _masked(dsn: str) -> str:
-    from replicron._dsn import mask_dsn
-
-    return mask_dsn(dsn)
 
 
 def _names(names: list[str]) -> str:
