@@ -117,21 +117,30 @@ async def _asgi(
             answer["body"] += message.get("body", b"")
 
     await app(scope, receive, send)
-    head = [f"HTTP/1.1 {answer['status']} {_REASONS.get(answer['status'], 'OK')}"]
-    for name, value in answer["headers"]:
-        if name.lower() not in (b"content-length", b"connection"):
-            head.append(f"{name.decode('latin-1')}: {value.decode('latin-1')}")
-    body = b"" if method == "HEAD" else answer["body"]
-    head += [f"content-length: {len(answer['body'])}", "connection: close", "", ""]
-    writer.write("\r\n".join(head).encode("latin-1") + body)
-    await writer.drain()
+    sent = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in answer["headers"]
+        if name.lower() not in (b"content-length", b"connection")
+    ]
+    await _send(writer, answer["status"], sent, answer["body"], method)
 
 
 async def _write(writer: asyncio.StreamWriter, response: Response, method: str) -> None:
     status, content_type, body = response
-    head = (
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\ncontent-type: {content_type}\r\n"
-        f"content-length: {len(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
+    headers = [("content-type", content_type), ("cache-control", "no-store")]
+    await _send(writer, status, headers, body, method)
+
+
+async def _send(
+    writer: asyncio.StreamWriter,
+    status: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    method: str,
+) -> None:
+    """One response and the end of the connection; a HEAD's has the length but no body."""
+    head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}"]
+    head += [f"{name}: {value}" for name, value in headers]
+    head += [f"content-length: {len(body)}", "connection: close", "", ""]
+    writer.write("\r\n".join(head).encode("latin-1") + (b"" if method == "HEAD" else body))
     await writer.drain()
