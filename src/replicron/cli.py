@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
-from ._dsn import mask_dsn
 from ._schedule.tz import UTC, resolve_zone
+from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from ._dsn import mask_secrets
+from .dsn import mask_secrets
 
 __all__ = [
     "DEFAULT_OVERDUE_GRACE",

@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol, cast
 
-from ._dsn import mask_dsn
 from ._web import error_page, status_page
 from .cluster import ClusterStatus, StatusSource
+from .dsn import mask_dsn
 from .errors import ArgumentTypeError, ConfigurationError
 
 __all__ = ["status_app"]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from replicron import EmbeddedBackend
-from replicron._schedule.tz import to_micros
 from replicron.backends import ClaimRequest, ClaimStatus, Release, RunRecord
+from replicron.backends._micros import to_micros
 from replicron.events import Outcome
 from tests.helpers import z
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicron._dsn import mask_dsn, mask_secrets
+from replicron.dsn import mask_dsn, mask_secrets
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
     ],
 )
 def test_sqlalchemy_urls_become_libpq_urls(dsn: str, plain: str) -> None:
-    from replicron._dsn import plain_postgres_url
+    from replicron.dsn import plain_postgres_url
 
     assert plain_postgres_url(dsn) == plain
 

@@ -23,8 +23,8 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
-from replicron._schedule.tz import to_micros as to_us
 from replicron.backends._ledger import migrations, now_us, process_alive, process_start
+from replicron.backends._micros import to_micros as to_us
 from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.events import Outcome

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from replicron._dsn import mask_dsn
 from replicron._schedule.tz import UTC
+from replicron.dsn import mask_dsn
 from replicron.triggers import every
 
 from .replica import DATABASE_URL_ENV, JOBS

@@ -31,11 +31,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from replicron._dsn import mask_dsn
 from replicron._schedule.tz import UTC
 from replicron.backends.base import Backend
 from replicron.backends.embedded import EmbeddedBackend
 from replicron.context import current_run
+from replicron.dsn import mask_dsn
 from replicron.events import Listener, RunEvent
 from replicron.scheduler import Scheduler
 from replicron.triggers import every

@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from replicron._dsn import mask_dsn
 from replicron.cluster import ClusterStatus, JobView, ReplicaStatus
+from replicron.dsn import mask_dsn
 
 from .style import STYLE
 

@@ -27,10 +27,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from replicron._schedule.tz import MICROSECOND
 from replicron.errors import StateDirError
 
-from ._sql import SqlFiles
+from ._micros import MICROSECOND
+from .sqlfiles import SqlFiles
 
 __all__ = ["Ledger", "migrations", "now_us", "process_alive", "process_start"]
 

@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from replicron._schedule.tz import MICROSECOND, from_micros, to_micros
 from replicron.cluster import (
     ClusterStatus,
     JobDefinition,
@@ -24,6 +23,7 @@ from replicron.cluster import (
 from replicron.errors import StateDirError
 
 from ._ledger import Ledger, now_us, process_alive
+from ._micros import MICROSECOND, from_micros, to_micros
 from ._state_dir import LEDGER_NAME
 
 __all__ = [

@@ -36,12 +36,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from replicron._schedule.tz import from_micros, to_micros
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._ledger import Ledger, now_us, process_start
+from ._micros import from_micros, to_micros
 from ._sqlite_cluster import (
     ClusterMethods,
     paused_jobs,

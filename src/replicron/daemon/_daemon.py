@@ -11,9 +11,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-from replicron._dsn import mask_dsn
 from replicron.backends import Backend, EmbeddedBackend
 from replicron.cluster import ClusterStatus
+from replicron.dsn import mask_dsn
 from replicron.errors import PastInstantError, ReplicronError
 from replicron.events import Listener, RunEvent
 from replicron.scheduler import AsyncScheduler
@@ -104,7 +104,7 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
                 f"{config.path}: [scheduler]: database_url needs PostgreSQL support: "
                 "pip install 'replicron[postgres]'"
             ], {}
-        from replicron.postgres._sources import conninfo_of
+        from replicron.postgres import conninfo_of
 
         try:
             conninfo_of(config.scheduler.database_url)

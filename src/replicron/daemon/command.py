@@ -25,10 +25,9 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
-from replicron._schedule.tz import UTC
 from replicron.context import current_run
 
 __all__ = ["CommandFailed", "CommandTask"]

@@ -6,11 +6,13 @@ from ._locked_async import alocked_run
 from ._locked_result import LockedRun
 from ._locked_sync import locked_run
 from ._session import BackendUnavailableError, TransactionPoolerError
+from ._sources import ConnectionSource, conninfo_of
 from .backend import JobStatus, LockKeyCollisionError, PostgresBackend, ReplicaStatus
 from .migrate import migrate
 
 __all__ = [
     "BackendUnavailableError",
+    "ConnectionSource",
     "JobStatus",
     "LockKeyCollisionError",
     "LockedRun",
@@ -18,6 +20,7 @@ __all__ = [
     "ReplicaStatus",
     "TransactionPoolerError",
     "alocked_run",
+    "conninfo_of",
     "locked_run",
     "migrate",
 ]

@@ -16,7 +16,7 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from replicron._dsn import plain_postgres_url
+from replicron.dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 from replicron.postgres._aio import shielded  # async-only
 from replicron.postgres._locked_result import LockedRun, ProcessHolds

@@ -11,7 +11,7 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from replicron._dsn import plain_postgres_url
+from replicron.dsn import plain_postgres_url
 from replicron.keys import job_lock_key
 from replicron.postgres._locked_result import LockedRun, ProcessHolds
 from replicron.postgres._secrets import masking_errors

@@ -16,7 +16,7 @@ from urllib.parse import quote, unquote
 
 from psycopg.conninfo import conninfo_to_dict
 
-from replicron._dsn import mask_dsn
+from replicron.dsn import mask_dsn
 
 __all__ = ["masked", "masking_errors", "scrub"]
 

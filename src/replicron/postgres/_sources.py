@@ -13,7 +13,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from replicron._dsn import plain_postgres_url
+from replicron.dsn import plain_postgres_url
 from replicron.errors import ConfigurationError
 
 from ._secrets import masked, masking_errors

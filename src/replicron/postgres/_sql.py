@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from replicron.backends._sql import Migration, SqlFiles
+from replicron.backends.sqlfiles import Migration, SqlFiles
 
 __all__ = ["Migration", "migrations", "queries"]
 

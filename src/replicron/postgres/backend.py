@@ -19,10 +19,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from replicron._schedule.tz import UTC
 from replicron.backends.base import (
     Claim,
     ClaimRequest,
