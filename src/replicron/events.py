@@ -27,6 +27,21 @@ class Outcome(enum.StrEnum):
     #: Not run: the job was paused across the cluster (``Job.pause``, ``replicron pause``).
     PAUSED = "paused"
 
+    @property
+    def ran(self) -> bool:
+        """The task was started (succeeded, failed, timed out or abandoned): a run that
+        ``max_runs`` counts."""
+        return self in _RAN
+
+    @property
+    def is_failure(self) -> bool:
+        """The run went wrong (failed, timed out or abandoned): something to act on."""
+        return self in _FAILURES
+
+
+_FAILURES = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABANDONED})
+_RAN = _FAILURES | {Outcome.SUCCEEDED}
+
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:

@@ -103,3 +103,15 @@ def test_only_listeners_can_be_added() -> None:
     s = Scheduler()
     with pytest.raises(InvalidJobOptionError, match=r"replicron\.Listener instances"):
         s.add_listener(object())  # type: ignore[arg-type]
+
+
+def test_outcomes_say_whether_the_task_ran_and_whether_it_went_wrong() -> None:
+    from replicron import Outcome
+
+    assert {o for o in Outcome if o.ran} == {
+        Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABANDONED,
+    }  # fmt: skip
+    assert {o for o in Outcome if o.is_failure} == {
+        Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABANDONED,
+    }  # fmt: skip
+    assert Outcome("paused").ran is False
