@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .backends import Backend, EmbeddedBackend, MemoryBackend, MemoryState
 from .clock import Clock, SystemClock
-from .context import RunContext, current_run
+from .context import CancelReason, RunContext, current_run
 from .errors import (
     ArgumentTypeError,
     ConfigurationError,
@@ -55,6 +55,7 @@ __all__ = [
     "ArgumentTypeError",
     "AsyncScheduler",
     "Backend",
+    "CancelReason",
     "Clock",
     "ConfigurationError",
     "CronSyntaxError",

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from ._schedule.tz import UTC, resolve_zone
+from .backends.base import ClusterRegistry, NamespacedRegistry
 from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
@@ -138,7 +139,7 @@ def _add_source(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _backend(args: argparse.Namespace) -> Any:
+def _backend(args: argparse.Namespace) -> ClusterRegistry:
     """The shared backend the arguments (else the environment) name; never opened: its
     cluster methods use a connection of their own."""
     url, state_dir = args.database_url, args.state_dir
@@ -199,7 +200,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     backend = _backend(args)
     status = asyncio.run(_guard_unmigrated(backend, backend.cluster_status()))
     namespaces: dict[str, int] = {}
-    if not status.jobs and hasattr(backend, "namespaces"):
+    if not status.jobs and isinstance(backend, NamespacedRegistry):
         namespaces = asyncio.run(backend.namespaces())
     return print_status(status, namespaces, as_json=args.json, check=args.check)
 

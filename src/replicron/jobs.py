@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -28,7 +29,14 @@ class JobControl(Protocol):
     def resume(self, name: str, run_now: bool = False, /) -> bool: ...
 
     def update_job(
-        self, name: str, trigger: Trigger | None, options: dict[str, Any], /
+        self,
+        name: str,
+        trigger: Trigger | None,
+        options: dict[str, Any],
+        func: Callable[..., Any] | None,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        /,
     ) -> None: ...
 
     def remove_job(self, name: str, /) -> None: ...
@@ -84,10 +92,21 @@ class Job:
         False if it was not paused."""
         return self._engine.resume(self.name, run_now)
 
-    def update(self, trigger: Trigger | None = None, **options: Any) -> Job:
-        """Change the trigger and/or options (same names as ``add_job``); validated like a
-        new job, and replanned from now."""
-        self._engine.update_job(self.name, trigger, options)
+    def update(
+        self,
+        trigger: Trigger | None = None,
+        *,
+        func: Callable[..., Any] | None = None,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
+        """Change the trigger, the task and/or options (same names as ``add_job``) in place;
+        validated like a new job, and replanned from now. ``func``, ``args`` (a list or
+        tuple) and ``kwargs`` each replace that part of the task where given, and the task is
+        bound against its function again. The job's runs going on are not touched, and still
+        count for its overlap policy and ``max_runs``."""
+        self._engine.update_job(self.name, trigger, options, func, args, kwargs)
         return self
 
     def remove(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -13,7 +14,7 @@ from datetime import datetime, timedelta, tzinfo
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._engine.cluster_calls import call_backend, cluster_method
+from ._engine.cluster_calls import blocking, registry_of
 from ._engine.engine import ConcurrencyMode, Engine
 from ._engine.planner import CatchUp, OverlapPolicy
 from ._engine.spec import build_job_spec
@@ -44,6 +45,19 @@ def _check_listener(listener: object) -> Listener:
             f"listeners must be replicron.Listener instances, not {listener!r}"
         )
     return listener
+
+
+def _check_stop_timeout(value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidJobOptionError(
+            f"stop_timeout must be a finite number of seconds >= 0, not {value!r}"
+        )
+    return float(value)
 
 
 def default_replica_id() -> str:
@@ -87,15 +101,6 @@ class _JobsAPI:
             raise InvalidJobOptionError(f"max_workers must be at least 1, not {max_workers!r}")
         if not isinstance(defer_gc, bool):
             raise InvalidJobOptionError(f"defer_gc must be True or False, not {defer_gc!r}")
-        if (
-            isinstance(stop_timeout, bool)
-            or not isinstance(stop_timeout, int | float)
-            or not math.isfinite(stop_timeout)
-            or stop_timeout < 0
-        ):
-            raise InvalidJobOptionError(
-                f"stop_timeout must be a finite number of seconds >= 0, not {stop_timeout!r}"
-            )
         if clock is not None and not isinstance(clock, Clock):
             raise InvalidJobOptionError(
                 f"clock must be a replicron Clock (SystemClock(), FakeClock(), ...), not {clock!r}"
@@ -113,7 +118,7 @@ class _JobsAPI:
             replica_id=default_replica_id() if replica_id is None else replica_id,
             max_concurrent_jobs=max_concurrent_jobs,
             concurrency_mode=concurrency_mode,
-            stop_timeout=float(stop_timeout),
+            stop_timeout=_check_stop_timeout(stop_timeout),
             listeners=list(listeners),
             max_workers=max_workers,
             defer_gc=defer_gc,
@@ -135,6 +140,16 @@ class _JobsAPI:
     @property
     def running(self) -> bool:
         return self._engine.running
+
+    @property
+    def stop_timeout(self) -> float:
+        """Seconds a shutdown lets the runs going on finish unless it is given a timeout;
+        may be changed while the scheduler runs (a daemon's reload, say)."""
+        return self._engine.stop_timeout
+
+    @stop_timeout.setter
+    def stop_timeout(self, value: float) -> None:
+        self._engine.stop_timeout = _check_stop_timeout(value)
 
     def add_job(
         self,
@@ -241,12 +256,14 @@ class AsyncScheduler(_JobsAPI):
     async def cluster_status(self) -> ClusterStatus:
         """The cluster as the shared backend sees it: every job's last run and success, what
         runs now, overdue, paused and drifting jobs, the replicas."""
-        status: ClusterStatus = await cluster_method(self._engine.backend, "cluster_status")()
-        return status
+        return await registry_of(self._engine.backend, "cluster_status").cluster_status()
 
     async def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default
-        ``stop_timeout``), cancel or signal the rest, release every lock. Idempotent."""
+        ``stop_timeout``), cancel or signal the rest, release every lock. Idempotent.
+
+        ``wait=False`` cuts the runs going on off at once, also those of a shutdown already
+        under way that waits for them (a second Ctrl-C, say)."""
         await self._engine.stop(wait, timeout)
 
     async def wait_idle(self) -> None:
@@ -279,8 +296,7 @@ class Scheduler(_JobsAPI):
     def cluster_status(self) -> ClusterStatus:
         """The cluster as the shared backend sees it (see ``AsyncScheduler.cluster_status``);
         blocks for one backend round trip."""
-        status: ClusterStatus = call_backend(self._engine.backend, "cluster_status")
-        return status
+        return blocking(registry_of(self._engine.backend, "cluster_status").cluster_status())
 
     def start(self) -> None:
         with self._life:
@@ -327,7 +343,12 @@ class Scheduler(_JobsAPI):
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop taking ticks, let running jobs finish for up to ``timeout`` seconds (default
         ``stop_timeout``), signal the rest, release every lock. Idempotent; nothing starts
-        after it returns."""
+        after it returns.
+
+        ``wait=False`` cuts the runs going on off at once, also those of a shutdown already
+        under way on another thread that waits for them."""
+        if not wait:
+            self._hurry()
         with self._life:
             loop, thread = self._loop, self._thread
             if loop is None or thread is None:
@@ -344,6 +365,13 @@ class Scheduler(_JobsAPI):
                 future.result()
                 loop.call_soon_threadsafe(loop.stop)
             thread.join()
+
+    def _hurry(self) -> None:
+        """A shutdown under way (holding ``_life`` on another thread) stops waiting."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed in between
+                loop.call_soon_threadsafe(self._engine.stop_waiting)
 
     def wait_idle(self, timeout: float | None = 10.0) -> None:
         """Block until nothing is left to do at the clock's current time: every due tick

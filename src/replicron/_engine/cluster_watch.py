@@ -24,8 +24,8 @@ import re
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Protocol
 
+from replicron.backends.base import ClusterRegistry
 from replicron.cluster import (
     DEFAULT_OVERDUE_GRACE,
     MOST_EXPECTED,
@@ -56,14 +56,6 @@ LAST_WRITE = 2.0
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+", re.I)
 
 StatusCallback = Callable[[ClusterStatus | None], None]
-
-
-class _Registry(Protocol):
-    async def announce(
-        self, definitions: list[JobDefinition], removed: list[str], complete: bool
-    ) -> list[Registration]: ...
-
-    async def cluster_status(self) -> ClusterStatus: ...
 
 
 def trigger_text(spec: JobSpec) -> str:
@@ -104,7 +96,7 @@ def _runs_left(state: JobState) -> int:
 
 class ClusterWatch:
     def __init__(self, backend: object, registry: JobRegistry, observer: Observer) -> None:
-        self._backend: _Registry | None = backend if hasattr(backend, "announce") else None  # type: ignore[assignment]
+        self._backend = backend if isinstance(backend, ClusterRegistry) else None
         self._registry, self._observer = registry, observer
         self._written: dict[str, JobDefinition] = {}
         self._fingerprints: dict[str, tuple[JobSpec, str]] = {}

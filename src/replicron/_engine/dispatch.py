@@ -11,7 +11,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
-from replicron.backends.base import Backend, Claim, ClaimRequest, ClaimStatus, RunRecord
+from replicron.backends.base import (
+    Backend,
+    Claim,
+    ClaimRequest,
+    ClaimStatus,
+    RunRecord,
+    SharedCoordination,
+)
 from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
@@ -55,7 +62,7 @@ class Dispatcher:
         observer: Observer,
         max_concurrent_jobs: int | None,
         concurrency_mode: ConcurrencyMode,
-        spread: bool,
+        shared: SharedCoordination | None,
         claim_ahead: timedelta | None,
     ) -> None:
         self._backend, self._clock, self._registry = backend, clock, registry
@@ -72,7 +79,8 @@ class Dispatcher:
         self._ahead_limit = 0.0 if claim_ahead is None else claim_ahead.total_seconds()
         self._claim_times: deque[float] = deque(maxlen=_CLAIMS_TIMED)
         #: Claim by capacity (the backend is shared by replicas in other processes).
-        self.spreader: Spreader | None = Spreader(observer.replica_id) if spread else None
+        self._shared = shared if shared is not None and shared.spreads_bursts else None
+        self.spreader = None if self._shared is None else Spreader(observer.replica_id)
 
     def prepare(self, ticks: list[Tick]) -> None:
         """Make, while idle, what claiming and starting the next instant's ``ticks`` will
@@ -110,10 +118,10 @@ class Dispatcher:
         """Of ``ticks`` and the ticks left for other replicas before: those to claim now
         (all of them unless the backend is shared), and those left before that their jobs'
         newer ticks replaced (see ``capacity``)."""
-        spreader = self.spreader
-        if spreader is None:
+        spreader, shared = self.spreader, self._shared
+        if spreader is None or shared is None:
             return ticks, []
-        spreader.see_peers(getattr(self._backend, "peers", frozenset()))
+        spreader.see_peers(shared.peers or frozenset())
         room = self.room()
         if not spreader and len(ticks) <= room and not spreader.holds_back:
             return ticks, []  # the common case: nothing to weigh

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime, tzinfo
 from typing import TypeVar
 
-from replicron.backends.base import Backend
+from replicron.backends.base import Backend, SharedCoordination
 from replicron.clock import Clock, ClusterClock, SystemClock
 from replicron.context import _current
 from replicron.events import Listener
@@ -100,14 +100,15 @@ class Engine:
             on_idle=self._quiet_may_have_changed,
         )  # fmt: skip
         self._retries = Retries()
+        self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
         self._dispatcher = Dispatcher(
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
             recorder=self._recorder, retries=self._retries, observer=self.observer,
             max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
-            spread=bool(getattr(backend, "spreads_bursts", False)),
+            shared=shared,
             # Only on real time: a fake clock's instants are the ones a test sets.
-            claim_ahead=getattr(backend, "claims_ahead", None)
-            if isinstance(clock, ClusterClock) else None,
+            claim_ahead=shared.claims_ahead
+            if shared is not None and isinstance(clock, ClusterClock) else None,
         )  # fmt: skip
         self._runs.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
@@ -165,6 +166,8 @@ class Engine:
         assert self._stopped is not None
         assert self._main is not None
         if self.life.phase != "running":
+            if not wait:  # a shutdown under way that waits for the runs: it waits no more
+                self.stop_waiting()
             await asyncio.shield(self._stopped)
             return
         self.life.phase = "stopping"
@@ -218,7 +221,7 @@ class Engine:
         spreader = self._dispatcher.spreader
         if not spreader:
             return
-        peers = getattr(self.backend, "peers", None)
+        peers = None if self._shared is None else self._shared.peers
         if peers is None or peers - {self.replica_id}:  # others may be there to take them
             await asyncio.sleep(min(limit, _HAND_OVER))
         left = spreader.take_all()

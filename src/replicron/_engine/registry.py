@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
@@ -16,6 +16,7 @@ from replicron.clock import Clock
 from replicron.errors import (
     ConfigurationError,
     DuplicateJobError,
+    InvalidJobArgumentsError,
     InvalidJobOptionError,
     JobNotFoundError,
     PastInstantError,
@@ -23,7 +24,7 @@ from replicron.errors import (
 from replicron.events import RunEvent
 from replicron.triggers import OneTimeTrigger, Trigger
 
-from .cluster_calls import call_backend
+from .cluster_calls import blocking, registry_of
 from .lifecycle import Lifecycle
 from .planner import Decision, Planner, Tick
 from .spec import JobSpec, build_job_spec
@@ -124,10 +125,13 @@ class JobRegistry:
         name: str,
         trigger: Trigger | None,
         options: dict[str, Any],
-        task: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None,
+        func: Callable[..., Any] | None = None,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """Change a job in place: its run-time state (runs going on, so no overlap with
-        them; runs so far) stays. ``task`` replaces the function and its arguments."""
+        them; runs so far) stays. ``func``, ``args`` and ``kwargs``, where given, replace
+        those of its task, which is bound against its function again."""
         self._life.check_usable()
         with self._lock:
             state = self._state_of(name)
@@ -137,9 +141,11 @@ class JobRegistry:
                 raise InvalidJobOptionError(f"job {name!r}: cannot update {', '.join(bad)}")
             fields: dict[str, Any] = {field: getattr(old, field) for field in _UPDATABLE}
             fields.update(options)
-            func, args, kwargs = (old.func, old.args, old.kwargs) if task is None else task
             state.spec = build_job_spec(
-                old.trigger if trigger is None else trigger, func, args, kwargs,
+                old.trigger if trigger is None else trigger,
+                old.func if func is None else func,
+                old.args if args is None else _arguments(name, args),
+                old.kwargs if kwargs is None else _keyword_arguments(name, kwargs),
                 name=name, default_tz=self.timezone, **fields,
             )  # fmt: skip
             try:
@@ -192,12 +198,12 @@ class JobRegistry:
     def pause(self, name: str) -> bool:
         """Pause the job across the cluster (see ``Job.pause``)."""
         self._state_of(name)
-        return bool(call_backend(self._backend, "pause", name, self.replica_id))
+        return blocking(registry_of(self._backend, "pause").pause(name, self.replica_id))
 
     def resume(self, name: str, run_now: bool = False) -> bool:
         """Resume the job across the cluster (see ``Job.resume``)."""
         self._state_of(name)
-        resumed = bool(call_backend(self._backend, "resume", name))
+        resumed = blocking(registry_of(self._backend, "resume").resume(name))
         if run_now:
             self.run_now(name)
         return resumed
@@ -326,3 +332,20 @@ class JobRegistry:
                 f"job {spec.name!r} would never run: its trigger has no tick after "
                 f"{now.isoformat()}" + ("" if spec.stop_at is None else " and before stop_at")
             )
+
+
+def _arguments(job: str, args: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` of an update: a list or tuple (a string would be taken apart silently)."""
+    if not isinstance(args, list | tuple):
+        raise InvalidJobArgumentsError(
+            f"job {job!r}: args must be a list or tuple of arguments, not {args!r}"
+        )
+    return tuple(args)
+
+
+def _keyword_arguments(job: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidJobArgumentsError(
+            f"job {job!r}: kwargs must be a mapping of argument names to values, not {kwargs!r}"
+        )
+    return dict(kwargs)

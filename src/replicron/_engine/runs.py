@@ -16,10 +16,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from replicron.backends.base import Claim, RunRecord
 from replicron.clock import Clock, _RealTimeWaits
-from replicron.context import RunContext, _current
+from replicron.context import CancelReason, RunContext, _current
 from replicron.events import Outcome, RunEvent
 
 from .collector import HOLD_LIMIT, CollectorHold
@@ -41,8 +42,8 @@ class Run(RunContext):
     object (one allocation per run), the engine's bookkeeping of it."""
 
     __slots__ = (
-        "abandoned", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
-        "timed_out", "unix_finished", "unix_started", "why",
+        "call", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
+        "timed_out", "unix_finished", "unix_started",
     )  # fmt: skip
 
     def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
@@ -54,14 +55,18 @@ class Run(RunContext):
         self.run_id: int | None = None
         self.replica_id = replica_id
         self.deadline: datetime | None = None
+        self.cancel_reason: CancelReason | None = None
+        self.cancel_detail: str | None = None  # what cut the run off, for the ledger too
         self._event = None
         self._stop = False
         self.state = state
         self.locked = False
         self.started_at = scheduled_at
-        self.timed_out = self.abandoned = self.finished = False
-        self.why: str | None = None  # what cut the run off, for the ledger
+        self.timed_out = self.finished = False  # timed_out: on_timeout was told at the deadline
         self.task: asyncio.Task[None] | None = None
+        # The task as it was when the run started: a job updated meanwhile runs the new one
+        # from its next run on.
+        self.call: Callable[[], Any] = state.spec.call
         # A sync run's result, handed back to the loop with the run.
         self.error: BaseException | None = None
         self.finished_at: datetime | None = None
@@ -75,14 +80,16 @@ class Run(RunContext):
             self.started_at, None, error, None, self.manual,
         )  # fmt: skip
 
-    def cut_off(self, why: str, *, abandoned: bool) -> None:
+    @property
+    def abandoned(self) -> bool:
+        reason = self.cancel_reason
+        return reason is not None and reason is not CancelReason.TIMEOUT
+
+    def cut_off(self, reason: CancelReason, detail: str) -> None:
         """Tell the run to stop: its task is cancelled, a sync task sees ``cancelled`` set."""
-        if abandoned:
-            self.abandoned = True
-        else:
+        if reason is CancelReason.TIMEOUT:
             self.timed_out = True
-        self.why = why
-        self.cancel()
+        self.cancel(reason, detail)
         if self.task is not None:
             self.task.cancel()
 
@@ -207,8 +214,8 @@ class RunExecutor:
             del self._prepared[job]
         else:
             run = Run(state, job, scheduled_at, self.replica_id)
-        run.run_id, run.locked, run.started_at, run.deadline, run.manual = (
-            claim.run_id, claim.locked, started, deadline, manual,
+        run.run_id, run.locked, run.started_at, run.deadline, run.manual, run.call = (
+            claim.run_id, claim.locked, started, deadline, manual, spec.call,
         )  # fmt: skip
         state.running += 1
         if not manual:
@@ -294,7 +301,7 @@ class RunExecutor:
         token = _current.set(run)
         error: BaseException | None = None
         try:
-            run.state.spec.call()
+            run.call()
         except BaseException as exc:  # a task must never take its worker thread down
             error = exc
         finally:
@@ -342,9 +349,9 @@ class RunExecutor:
         _current.set(run)
         error: BaseException | None = None
         try:
-            await run.state.spec.call()
+            await run.call()
         except asyncio.CancelledError as exc:
-            if not (run.timed_out or run.abandoned):
+            if run.cancel_reason is None:
                 error = exc
         except Exception as exc:
             error = exc
@@ -360,7 +367,7 @@ class RunExecutor:
             if run.finished:
                 continue
             timeout = run.state.spec.timeout
-            run.cut_off(f"passed its timeout of {timeout}", abandoned=False)
+            run.cut_off(CancelReason.TIMEOUT, f"passed its timeout of {timeout}")
             self._observer.log(
                 _WARNING, "timed_out",
                 f"run passed its timeout of {timeout}; "
@@ -380,7 +387,7 @@ class RunExecutor:
         for run in list(self.active):
             if run.run_id not in lost or run.finished:
                 continue
-            run.cut_off("lost its lock with the backend session", abandoned=True)
+            run.cut_off(CancelReason.LOCK_LOST, "lost its lock with the backend session")
             error = ConnectionError("the run's lock was lost with the backend session")
             self._observer.log(
                 _ERROR, "lock_lost", "lost the run's lock; the run was told to stop",
@@ -413,7 +420,7 @@ class RunExecutor:
         ``grace`` seconds to end once cancelled; one that goes on is named and left."""
         tasks = {}
         for run in list(self.active):
-            run.cut_off("the scheduler shut down before the run returned", abandoned=True)
+            run.cut_off(CancelReason.SHUTDOWN, "the scheduler shut down before the run returned")
             if run.task is not None:
                 tasks[run.task] = run
         if tasks:
@@ -462,16 +469,20 @@ class RunExecutor:
             deadline = run.deadline
             overrun = timedelta(0) if deadline is None else finished - deadline
             if run.task is None and overrun > timedelta(0):
-                run.why = f"{run.why}; the sync task returned {overrun} after it"
+                run.cancel_detail = (
+                    f"{run.cancel_detail}; the sync task returned {overrun} after it"
+                )
         else:
             outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
-        text = run.why if error is None else f"{type(error).__name__}: {error}"
+        text = run.cancel_detail if error is None else f"{type(error).__name__}: {error}"
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
             run.started_at, finished, text, run.manual,
         )  # fmt: skip
         recorder = self._recorder
-        recorder.report(record, state, error=error, detail=run.why, announced=run.timed_out)
+        recorder.report(
+            record, state, error=error, detail=run.cancel_detail, announced=run.timed_out
+        )
         recorder.release(record, run.locked, state)
         if not self.active:
             assert self._idle is not None

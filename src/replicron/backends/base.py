@@ -11,12 +11,16 @@ A backend answers three questions for the engine:
 * **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
   no replica was up.
 
-A backend shared by replicas in other processes says so with a class attribute
-``spreads_bursts = True`` (optional; absent means False): a scheduler then claims at an instant
-only the runs it can start promptly and leaves the rest to replicas with free worker threads.
-One whose claims accept ticks slightly before they are due says how far with ``claims_ahead``
-(a ``timedelta``; optional): a scheduler on the system clock then claims an instant's ticks
-up to that much early, by its claims' recent round trips, and starts the runs on time.
+Two optional capabilities are small protocols of their own, checked with ``isinstance``:
+
+* :class:`SharedCoordination`: replicas in other processes claim from the backend too. A
+  scheduler then claims at an instant only the runs it can start promptly (``spreads_bursts``)
+  and leaves the rest to its ``peers`` with free worker threads; where ``claims_ahead`` is
+  set, a scheduler on the system clock claims an instant's ticks up to that much early, by its
+  claims' recent round trips, and starts the runs on time. ``connected`` is for readiness.
+* :class:`ClusterRegistry`: the backend keeps the cluster's job registry (what each replica
+  schedules, for overdue jobs and drift), its pauses, and its status for operators;
+  :class:`NamespacedRegistry` also lists the namespaces sharing its store.
 
 Backends never import the engine. All methods are coroutines so that a networked backend can
 await I/O; the engine batches the claims of ticks due at the same instant into one call, and
@@ -30,6 +34,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.events import Outcome
 
 __all__ = [
@@ -37,8 +42,11 @@ __all__ = [
     "Claim",
     "ClaimRequest",
     "ClaimStatus",
+    "ClusterRegistry",
+    "NamespacedRegistry",
     "Release",
     "RunRecord",
+    "SharedCoordination",
     "answer_each",
     "once_per_tick",
     "taken_repeat",
@@ -235,3 +243,60 @@ class Backend(Protocol):
         """How far the coordinator's clock is ahead of this process's (``None``: the
         coordinator has no clock of its own, or it is not measured yet). Schedulers on the
         system clock fire ticks on the coordinator's time."""
+
+
+@runtime_checkable
+class SharedCoordination(Protocol):
+    """A backend that replicas in other processes claim from too (embedded, PostgreSQL)."""
+
+    @property
+    def spreads_bursts(self) -> bool:
+        """Whether a scheduler should claim at an instant only what it can start promptly and
+        leave the rest to replicas with free worker threads."""
+
+    @property
+    def peers(self) -> frozenset[str] | None:
+        """The replicas sharing the backend as last seen, this one among them; ``None`` where
+        the backend does not know (others may be there)."""
+
+    @property
+    def claims_ahead(self) -> timedelta | None:
+        """How long before a tick is due a claim of it is accepted (``None``: not before)."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the backend can coordinate now (its session is open): for readiness."""
+
+
+@runtime_checkable
+class ClusterRegistry(Protocol):
+    """A backend that keeps the cluster's job registry, pauses and status."""
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write this replica's definitions of ``definitions`` (``complete``: they are all of
+        its jobs), drop ``removed``; returns the other replicas' registrations of these jobs
+        (for drift)."""
+
+    async def cluster_status(self) -> ClusterStatus:
+        """Every job's last run and success, what runs now, overdue, paused and drifting
+        jobs, the replicas."""
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` on every replica; False if it was paused already."""
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job`` on every replica; False if it was not paused."""
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """Drop ``job`` from the registry unless a live replica schedules it; returns the
+        replicas whose registrations were dropped, and the live ones that kept it."""
+
+
+@runtime_checkable
+class NamespacedRegistry(ClusterRegistry, Protocol):
+    """A cluster registry whose store several deployments share, each under a namespace."""
+
+    async def namespaces(self) -> dict[str, int]:
+        """Every namespace with recorded runs, and its number of rows."""

@@ -98,6 +98,8 @@ class EmbeddedBackend(ClusterMethods):
     #: Replicas in other processes claim from this backend too: a scheduler claims at an
     #: instant only what it can start promptly and leaves the rest to them.
     spreads_bursts = True
+    #: Claims are refused before their tick: the replicas share the host's clock.
+    claims_ahead: timedelta | None = None
 
     def __init__(
         self,
@@ -143,6 +145,16 @@ class EmbeddedBackend(ClusterMethods):
         return self.state_dir / LEDGER_NAME
 
     # ---- Backend protocol ----------------------------------------------------------------
+
+    @property
+    def peers(self) -> frozenset[str] | None:
+        """Not known: other processes may share the state directory."""
+        return None
+
+    @property
+    def connected(self) -> bool:
+        """Whether the ledger is open."""
+        return self._ledger is not None
 
     def register_job(self, name: str) -> None:
         self._keys.register(name)

@@ -180,10 +180,10 @@ def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
 def update_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
     """Change ``job`` in place, keeping its run-time state: a run of it going on still guards
     against overlap with the changed job's next run."""
-    trigger, task = _parts(job, config_dir)
+    trigger, (func, args, kwargs) = _parts(job, config_dir)
     options = options_of(job)
     del options["name"]
-    scheduler._engine.registry.update_job(job.name, trigger, options, task)
+    scheduler.get_job(job.name).update(trigger, func=func, args=args, kwargs=kwargs, **options)
 
 
 def _parts(job: JobConfig, config_dir: str) -> tuple[Trigger, Task]:

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from replicron.backends import Backend, EmbeddedBackend
+from replicron.backends.base import SharedCoordination
 from replicron.cluster import ClusterStatus
 from replicron.dsn import mask_dsn
 from replicron.errors import PastInstantError, ReplicronError
@@ -138,6 +139,9 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._stop_signals = 0
+        self._started = False
+        self._hurried = False  # a second stop signal: runs are killed, not waited for
+        self._hurry: asyncio.Task[None] | None = None
         self._loop_beat = time.monotonic()
         self._read_at: float | None = None  # monotonic time of the latest good cluster read
         self._read_error = "no read yet"
@@ -184,6 +188,7 @@ class Daemon:
                 said = mask_dsn(" ".join(str(exc).split()))
                 logger.error("cannot start: %s", said, extra={"event": "startup_failed"})
                 return 1
+            self._started = True
             where = (settings.database_url and mask_dsn(settings.database_url)) or os.path.abspath(
                 settings.state_dir or ".replicron"
             )
@@ -198,7 +203,7 @@ class Daemon:
                 "stopping: no new ticks; runs going on get up to %g s to finish, then are killed",
                 stop_timeout, extra={"event": "daemon_stopping"},
             )  # fmt: skip
-            await scheduler.shutdown(wait=True, timeout=stop_timeout)
+            await scheduler.shutdown(wait=not self._hurried, timeout=stop_timeout)
             logger.info("stopped", extra={"event": "daemon_stopped"})
             return 0
         finally:
@@ -220,7 +225,9 @@ class Daemon:
                 "%s received again: killing the runs going on now", name,
                 extra={"event": "signal"},
             )  # fmt: skip
-            self.scheduler._engine.stop_waiting()
+            self._hurried = True  # the shutdown to come waits for nothing
+            if self._started:  # one that waits may be under way: cut it short
+                self._hurry = asyncio.ensure_future(self.scheduler.shutdown(wait=False))
         self._stop.set()
 
     async def _serve_signals(self) -> None:
@@ -290,7 +297,7 @@ class Daemon:
         except (JobProblem, ReplicronError) as exc:  # checked above: only a race gets here
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
         self.config = DaemonConfig(new.path, settings, new.jobs)
-        scheduler._engine.stop_timeout = settings.stop_timeout.total_seconds()
+        scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
         logger.info(
             "reloaded: %d jobs; added %s, changed %s, removed %s", len(new.jobs),
@@ -329,7 +336,8 @@ class Daemon:
         if scheduler is None or not scheduler.running:
             problems.append("the scheduler is not running")
         else:
-            if not getattr(scheduler.backend, "connected", True):
+            backend = scheduler.backend
+            if isinstance(backend, SharedCoordination) and not backend.connected:
                 problems.append("the lock session to PostgreSQL is not open (no lease held)")
             age = None if self._read_at is None else time.monotonic() - self._read_at
             if age is None or age > READY_WITHIN:

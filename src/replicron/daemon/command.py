@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, timedelta
 from pathlib import Path
 
-from replicron.context import current_run
+from replicron.context import CancelReason, RunContext, current_run
 
 __all__ = ["CommandFailed", "CommandTask"]
 
@@ -141,10 +141,9 @@ class CommandTask:
         if status != 0:
             raise CommandFailed(_describe(-1 if status is None else status, errors))
 
-    async def _end(self, exited: asyncio.Future[None], group: int, run: object) -> None:
+    async def _end(self, exited: asyncio.Future[None], group: int, run: RunContext) -> None:
         """The run was cut off: end the group the way the reason asks for."""
-        timed_out = bool(getattr(run, "timed_out", False)) and not getattr(run, "abandoned", False)
-        if timed_out and self.kill_grace > 0:
+        if run.cancel_reason is CancelReason.TIMEOUT and self.kill_grace > 0:
             _kill_group(group, signal.SIGTERM)
             logger.warning(
                 "%s: past its timeout: sent SIGTERM to its process group; SIGKILL in %g s",
@@ -161,7 +160,7 @@ class CommandTask:
             except asyncio.CancelledError:
                 pass  # cut off again meanwhile (its lease ran out): no more waiting
         else:
-            why = getattr(run, "why", None) or "the run was cancelled"
+            why = run.cancel_detail or "the run was cancelled"
             logger.warning(
                 "%s: %s: killing its process group", self.job, why,
                 extra={"job": self.job, "event": "command_kill"},
