@@ -79,7 +79,7 @@ def status_app(
     ``refresh``: seconds between the page's reloads (whole seconds in the browser, at least
     one). ``title``: the page's heading and the browser tab's title.
     """
-    if not callable(getattr(source, "cluster_status", None)):
+    if not isinstance(source, StatusSource):  # a threaded Scheduler's blocking one too
         raise ArgumentTypeError(
             f"status_app needs a source with an async cluster_status() method (a shared "
             f"backend), got {type(source).__name__}"

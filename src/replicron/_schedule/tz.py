@@ -79,8 +79,7 @@ def zone_name(zone: tzinfo | None) -> str:
     """A readable name: the IANA key where there is one."""
     if zone is None or zone is UTC:
         return "UTC"
-    key = getattr(zone, "key", None)
-    return key if isinstance(key, str) else str(zone)
+    return zone.key if isinstance(zone, ZoneInfo) and zone.key else str(zone)
 
 
 def to_unix(instant: datetime) -> int:

@@ -132,7 +132,8 @@ class Ledger:
                     time.sleep(random.uniform(0.005, 0.05))
                     continue
                 if isinstance(exc, sqlite3.Error | OSError):
-                    problem = getattr(exc, "strerror", None) or str(exc)
+                    problem = exc.strerror if isinstance(exc, OSError) else None
+                    problem = problem or str(exc)
                     raise StateDirError(path, f"{self._phase}: {problem}") from exc
                 raise
 

@@ -141,9 +141,8 @@ def load_config(
     try:
         text = Path(name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            [f"{name}: cannot read it: {getattr(exc, 'strerror', None) or exc}"]
-        ) from None
+        problem = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError([f"{name}: cannot read it: {problem}"]) from None
     try:
         return parse_config(text, name, os.environ if environ is None else environ)
     except RecursionError:
