@@ -21,7 +21,7 @@ import pytest
 
 from replicron import MemoryBackend, Outcome, RunContext, Scheduler, every
 from replicron._engine import collector as _collector
-from replicron._engine import runs as _runs
+from replicron._engine import sync_runs as _sync_runs
 from replicron._engine.collector import HOLD_LIMIT, CollectorHold, holding
 from replicron._engine.planner import Tick
 from replicron.backends import Claim, ClaimRequest
@@ -248,7 +248,7 @@ def test_the_collector_waits_while_an_instants_runs_start(
     clock: FakeClock, defer_gc: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # However slowly the first run's thread gets going, the limit does not end the hold.
-    monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
+    monkeypatch.setattr(_sync_runs, "HOLD_LIMIT", 60.0)
     seen: list[bool] = []
     run_two_jobs_on_one_thread(clock, lambda: seen.append(not holding()), defer_gc=defer_gc)
     assert seen == [not defer_gc]
@@ -259,7 +259,7 @@ def test_async_runs_begin_with_the_collector_let_go(
 ) -> None:
     # An async run's first step runs on the engine's loop: holding the collector through
     # it, a step that blocks the loop would hold it past the limit, which needs the loop.
-    monkeypatch.setattr(_runs, "HOLD_LIMIT", 60.0)
+    monkeypatch.setattr(_sync_runs, "HOLD_LIMIT", 60.0)
     seen: list[bool] = []
 
     async def first() -> None:

@@ -131,8 +131,9 @@ class Dispatcher:
         """Runs that would take a worker thread this replica can start promptly, within
         ``max_concurrent_jobs`` when ticks over it wait (they may as well wait elsewhere)."""
         runs = self._runs
-        margin = claim_margin(runs.workers, self._slowest_claim(), runs.run_seconds)
-        room = runs.workers + margin - runs.threads_taken
+        sync = runs.sync
+        margin = claim_margin(sync.workers, self._slowest_claim(), sync.run_seconds)
+        room = sync.workers + margin - sync.threads_taken
         limit = self.max_concurrent_jobs
         if limit is not None and self.concurrency_mode == "queue":
             room = min(room, limit - len(self._runs.active) - len(self.waiting))
@@ -149,7 +150,7 @@ class Dispatcher:
         spreader = self.spreader
         if not spreader or spreader.all_held(self._clock.now()):
             return False
-        return self.room() >= max(1, self._runs.workers // 2)
+        return self.room() >= max(1, self._runs.sync.workers // 2)
 
     def claim_more_at(self) -> datetime | None:
         """Right after a claim: when to claim more of the ticks left for others. Now, if
@@ -237,7 +238,7 @@ class Dispatcher:
                         start(state, claim, now)
                     else:
                         self._settle(state, claim, "run", now)
-            runs.submit_all()  # hand the instant's sync runs over before anything else
+            runs.sync.submit_all()  # hand the instant's sync runs over before anything else
         finally:
             runs.release_collector_once_started()
 

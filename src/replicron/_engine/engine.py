@@ -110,7 +110,7 @@ class Engine:
             claim_ahead=shared.claims_ahead
             if shared is not None and isinstance(clock, ClusterClock) else None,
         )  # fmt: skip
-        self._runs.on_thread_free = self._thread_freed
+        self._runs.sync.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
         self._recovery = Recovery(
             backend=backend, registry=self.registry, recorder=self._recorder,
@@ -236,7 +236,7 @@ class Engine:
             while self.life.running:
                 await self._sleep(await self._step())
         finally:
-            self._runs.release_collector()  # however the loop ends (cancelled, say)
+            self._runs.sync.release_collector()  # however the loop ends (cancelled, say)
 
     async def _step(self) -> datetime | None:
         """Handle what is due now; returns when to wake next. A step of its own so that
@@ -337,7 +337,7 @@ class Engine:
         self._prepare_handle = self._prepare_for = None
         if not self.life.running:
             return
-        if self._runs.backlogged:  # the last burst is still being worked off: it goes first
+        if self._runs.sync.backlogged:  # the last burst is still being worked off: it goes first
             self._prepare_soon(self.registry.wake_at())
             return
         self._dispatcher.prepare(self.registry.prepare())

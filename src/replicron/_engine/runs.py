@@ -1,5 +1,5 @@
-"""Runs: starting them (async ones on the loop, sync ones on the worker threads), their
-timeouts, and how they ended.
+"""Runs: starting them (async ones on the loop, sync ones on the worker threads through
+:class:`~.sync_runs.SyncRuns`), their timeouts, cutting them off, and how they ended.
 
 The engine's hot path. A burst of runs is started on the loop, handed to the workers
 together, and finished in batches.
@@ -8,94 +8,32 @@ together, and finished in batches.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import logging
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
 from replicron.backends.base import Claim, RunRecord
-from replicron.clock import Clock, _RealTimeWaits
-from replicron.context import CancelReason, RunContext, _current
-from replicron.events import Outcome, RunEvent
+from replicron.clock import Clock
+from replicron.context import CancelReason, _current
+from replicron.events import Outcome
 
-from .collector import HOLD_LIMIT, CollectorHold
 from .lifecycle import Lifecycle
 from .observe import Observer
 from .recorder import Recorder
 from .registry import JobRegistry, JobState
-from .workers import STUCK_AFTER, WorkerPool
+from .run import Run
+from .sync_runs import SyncRuns
 
 __all__ = ["Run", "RunExecutor"]
 
 _WARNING, _ERROR = logging.WARNING, logging.ERROR
-#: Runs handed to the workers at once within a burst.
-_SUBMIT_CHUNK = 256
-
-
-class Run(RunContext):
-    """A run under way: the context its task sees (``current_run()``) and, in the same
-    object (one allocation per run), the engine's bookkeeping of it."""
-
-    __slots__ = (
-        "call", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
-        "timed_out", "unix_finished", "unix_started",
-    )  # fmt: skip
-
-    def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
-        # RunContext's fields set here rather than through its __init__: once per run. The
-        # run id, lock, start and deadline are set when the run starts (see ``start``).
-        self.job_name = job
-        self.scheduled_at = scheduled_at
-        self.manual = False
-        self.run_id: int | None = None
-        self.replica_id = replica_id
-        self.deadline: datetime | None = None
-        self.cancel_reason: CancelReason | None = None
-        self.cancel_detail: str | None = None  # what cut the run off, for the ledger too
-        self._event = None
-        self._stop = False
-        self.state = state
-        self.locked = False
-        self.started_at = scheduled_at
-        self.timed_out = self.finished = False  # timed_out: on_timeout was told at the deadline
-        self.task: asyncio.Task[None] | None = None
-        # The task as it was when the run started: a job updated meanwhile runs the new one
-        # from its next run on.
-        self.call: Callable[[], Any] = state.spec.call
-        # A sync run's result, handed back to the loop with the run.
-        self.error: BaseException | None = None
-        self.finished_at: datetime | None = None
-        # Where the clock tells Unix time: the sync run's real start and end, on its thread.
-        self.unix_started: float | None = None
-        self.unix_finished = 0.0
-
-    def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
-        return RunEvent(
-            self.job_name, self.scheduled_at, self.replica_id, self.run_id, outcome,
-            self.started_at, None, error, None, self.manual,
-        )  # fmt: skip
-
-    @property
-    def abandoned(self) -> bool:
-        reason = self.cancel_reason
-        return reason is not None and reason is not CancelReason.TIMEOUT
-
-    def cut_off(self, reason: CancelReason, detail: str) -> None:
-        """Tell the run to stop: its task is cancelled, a sync task sees ``cancelled`` set."""
-        if reason is CancelReason.TIMEOUT:
-            self.timed_out = True
-        self.cancel(reason, detail)
-        if self.task is not None:
-            self.task.cancel()
 
 
 class RunExecutor:
-    """Owns the runs under way, the worker threads, the timeouts and the collector hold."""
+    """Owns the runs under way, their timeouts and their ends; its :class:`SyncRuns` owns the
+    worker threads."""
 
     def __init__(
         self,
@@ -114,29 +52,20 @@ class RunExecutor:
         self._registry, self._recorder, self._observer, self._life = (
             registry, recorder, observer, life,
         )  # fmt: skip
-        self._max_workers, self._on_idle = max_workers, on_idle
-        self._from_unix: Callable[[float], datetime] | None = None
-        if isinstance(clock, _RealTimeWaits) and clock.tells_unix_time():
-            self._from_unix = clock.from_unix
+        self._on_idle = on_idle
+        #: The sync runs' side: worker threads, hand-over, hand-back, the collector hold.
+        self.sync = SyncRuns(
+            clock=clock, life=life, max_workers=max_workers, defer_gc=defer_gc,
+            finish=self._finish,
+        )  # fmt: skip
         self.active: set[Run] = set()
-        #: Sync runs started and not yet finished: on a worker thread, or waiting for one.
-        self.sync_active = 0
         #: Run ids whose locks the backend lost since the dispatch under way claimed them.
         self.lost_unstarted: set[int] = set()
-        #: Called on the loop when a sync run finishes (a worker thread is free again).
-        self.on_thread_free: Callable[[], None] | None = None
         self._prepared: dict[str, Run] = {}  # job -> its run at the next instant, made ahead
         self._deadlines: list[tuple[datetime, int, Run]] = []
         self._seq = itertools.count()
-        self._done: deque[Run] = deque()
-        self._done_wake_pending = False
-        self._to_submit: list[Run] = []
-        self._supervising = False
-        self._collector = CollectorHold(defer_gc)
-        self._collector_limit: asyncio.TimerHandle | None = None
         self._started_async = False  # an async run was started since the collector was held
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._workers: WorkerPool[Run] | None = None
         self._idle: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._hurried = False
@@ -145,35 +74,11 @@ class RunExecutor:
         self._loop = loop
         self._idle = asyncio.Event()
         self._idle.set()
-        self._workers = WorkerPool(
-            self._max_workers, f"replicron-worker-{self.replica_id}", self._run_sync
-        )
+        self.sync.open(loop, f"replicron-worker-{self.replica_id}")
 
     def __bool__(self) -> bool:
         """Whether runs are under way or finished and not yet accounted for."""
-        return bool(self.active or self._done)
-
-    @property
-    def backlogged(self) -> bool:
-        """Whether the last burst is still being worked off (runs wait for a thread, or
-        finished runs for the loop)."""
-        return bool((self._workers is not None and self._workers.waiting) or self._done)
-
-    @property
-    def workers(self) -> int:
-        return self._max_workers
-
-    @property
-    def threads_taken(self) -> int:
-        """Sync runs on a worker thread or waiting for one: those started, less those that
-        finished and wait for the loop's bookkeeping (put off while runs wait for a thread,
-        which must not keep the next claim waiting too)."""
-        return self.sync_active - len(self._done)
-
-    @property
-    def run_seconds(self) -> float | None:
-        """How long a sync run holds its worker thread, on average (None until one ran)."""
-        return None if self._workers is None else self._workers.run_seconds
+        return bool(self.active or self.sync)
 
     def next_deadline(self) -> datetime | None:
         return self._deadlines[0][0] if self._deadlines else None
@@ -236,113 +141,18 @@ class RunExecutor:
             run.task = self._loop.create_task(self._run_async(run))
             self._started_async = True
             return
-        self.sync_active += 1
-        # Runs of one instant go to the workers together, once the loop is done with them.
-        to_submit = self._to_submit
-        if not to_submit:
-            assert self._loop is not None
-            self._loop.call_soon(self.submit_all)
-        to_submit.append(run)
-        if len(to_submit) >= _SUBMIT_CHUNK:  # long bursts: let the first runs begin
-            self.submit_all()
-
-    def submit_all(self) -> None:
-        """Hand the sync runs started so far to the workers."""
-        runs, self._to_submit = self._to_submit, []
-        if runs:
-            assert self._workers is not None
-            self._workers.submit_many(runs)
-            if not self._supervising:
-                self._supervising = True
-                self._supervise_workers()
-
-    def _supervise_workers(self) -> None:
-        """While runs wait for a thread, wake more threads if the awake ones are stuck."""
-        assert self._workers is not None
-        assert self._loop is not None
-        if self._workers.supervise() and self._life.phase != "stopped":
-            self._loop.call_later(STUCK_AFTER, self._supervise_workers)
-        else:
-            self._supervising = False
-            self.release_collector()  # every run of the burst has a thread
-
-    # ---- the collector may be held back while an instant's runs start (see collector) --
+        self.sync.submit(run)
 
     def hold_collector(self) -> None:
-        if self._collector.take():
+        """Hold the collector back while an instant's runs start (if asked to: see
+        ``collector``)."""
+        if self.sync.hold_collector():
             self._started_async = False
-            assert self._loop is not None
-            self._collector_limit = self._loop.call_later(HOLD_LIMIT, self.release_collector)
 
     def release_collector_once_started(self) -> None:
-        """After a dispatch: sync runs still waiting for a thread keep the collector held
-        until they all have one (the supervisor lets it go then). Async runs take their first
-        step on this loop next, and must not take it held: blocking the loop, it would keep
-        the hold's time limit from firing."""
-        if self._collector.held and (self._started_async or not self._supervising):
-            self.release_collector()
-
-    def release_collector(self) -> None:
-        if self._collector_limit is not None:
-            self._collector_limit.cancel()
-            self._collector_limit = None
-        self._collector.release()
+        self.sync.release_collector_once_started(self._started_async)
 
     # ---- running -----------------------------------------------------------------------
-
-    def _run_sync(self, run: Run) -> None:
-        if run.finished:  # abandoned at shutdown before a worker got to it
-            return
-        unix_time = self._from_unix is not None
-        if unix_time:
-            run.unix_started = time.time()
-        else:
-            run.started_at = self.clock.now()
-        token = _current.set(run)
-        error: BaseException | None = None
-        try:
-            run.call()
-        except BaseException as exc:  # a task must never take its worker thread down
-            error = exc
-        finally:
-            _current.reset(token)
-        if unix_time:
-            run.unix_finished = time.time()
-        else:
-            run.finished_at = self.clock.now()
-        run.error = error
-        # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
-        # No lock: deque appends are atomic, and _drain_done clears the flag before it
-        # empties the deque, so a result appended meanwhile either is drained or wakes it.
-        self._done.append(run)
-        if self._done_wake_pending:
-            return
-        self._done_wake_pending = True
-        loop = self._loop
-        assert loop is not None
-        with contextlib.suppress(RuntimeError):  # loop gone: the run was abandoned at shutdown
-            loop.call_soon_threadsafe(self._drain_done)
-
-    def _drain_done(self) -> None:
-        workers = self._workers
-        if workers is not None and workers.waiting and self._life.running:
-            # Runs still wait for a thread: starting them matters more than bookkeeping, so
-            # leave the GIL to the workers and look again shortly (the flag stays set, so
-            # finishing workers do not wake the loop meanwhile).
-            assert self._loop is not None
-            self._loop.call_later(STUCK_AFTER, self._drain_done)
-            if self.on_thread_free is not None:  # threads freed up: claim more meanwhile
-                self.on_thread_free()
-            return
-        self._done_wake_pending = False
-        done, finish = self._done, self._finish
-        from_unix = self._from_unix
-        while done:
-            run = done.popleft()
-            finished = run.finished_at if from_unix is None else from_unix(run.unix_finished)
-            assert finished is not None
-            finish(run, run.error, finished)
-            run.error = None  # a run with a timeout stays referenced until its deadline
 
     async def _run_async(self, run: Run) -> None:
         run.started_at = self.clock.now()
@@ -439,12 +249,10 @@ class RunExecutor:
         """Let the worker threads go; a thread still in a run ``grace`` seconds after its run
         was told to stop (a task that does not look at ``cancelled``) is named and left (it
         is a daemon thread)."""
-        assert self._workers is not None
-        stuck = await asyncio.to_thread(self._workers.stop, grace)
-        for thread in stuck:
+        for name in await self.sync.stop(grace):
             self._observer.log(
                 _WARNING, "worker_stuck",
-                f"{thread.name} is still in a run {grace} s after it was told to stop; left to it",
+                f"{name} is still in a run {grace} s after it was told to stop; left to it",
             )  # fmt: skip
 
     # ---- finishing ---------------------------------------------------------------------
@@ -453,28 +261,15 @@ class RunExecutor:
         if run.finished:
             return
         run.finished = True
-        if run.unix_started is not None and self._from_unix is not None:
-            run.started_at = self._from_unix(run.unix_started)
+        from_unix = self.sync.from_unix
+        if run.unix_started is not None and from_unix is not None:
+            run.started_at = from_unix(run.unix_started)
         state = run.state
         state.running -= 1
         self.active.discard(run)
         if run.task is None:  # a sync run (even if its job has since become async)
-            self.sync_active -= 1
-            if self.on_thread_free is not None:
-                self.on_thread_free()
-        if run.abandoned:
-            outcome = Outcome.ABANDONED
-        elif run.timed_out:
-            outcome = Outcome.TIMED_OUT
-            deadline = run.deadline
-            overrun = timedelta(0) if deadline is None else finished - deadline
-            if run.task is None and overrun > timedelta(0):
-                run.cancel_detail = (
-                    f"{run.cancel_detail}; the sync task returned {overrun} after it"
-                )
-        else:
-            outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
-        text = run.cancel_detail if error is None else f"{type(error).__name__}: {error}"
+            self.sync.finished(run)
+        outcome, text = run.outcome(error, finished)
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
             run.started_at, finished, text, run.manual,

@@ -1,0 +1,91 @@
+"""A run under way: what its task sees as ``current_run()`` and the engine's bookkeeping of
+it, in one object (one allocation per run)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from replicron.context import CancelReason, RunContext
+from replicron.events import Outcome, RunEvent
+
+from .registry import JobState
+
+__all__ = ["Run"]
+
+
+class Run(RunContext):
+    """A run under way: the context its task sees (``current_run()``) and, in the same
+    object (one allocation per run), the engine's bookkeeping of it."""
+
+    __slots__ = (
+        "call", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
+        "timed_out", "unix_finished", "unix_started",
+    )  # fmt: skip
+
+    def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
+        # RunContext's fields set here rather than through its __init__: once per run. The
+        # run id, lock, start and deadline are set when the run starts (see ``start``).
+        self.job_name = job
+        self.scheduled_at = scheduled_at
+        self.manual = False
+        self.run_id: int | None = None
+        self.replica_id = replica_id
+        self.deadline: datetime | None = None
+        self.cancel_reason: CancelReason | None = None
+        self.cancel_detail: str | None = None  # what cut the run off, for the ledger too
+        self._event = None
+        self._stop = False
+        self.state = state
+        self.locked = False
+        self.started_at = scheduled_at
+        self.timed_out = self.finished = False  # timed_out: on_timeout was told at the deadline
+        self.task: asyncio.Task[None] | None = None
+        # The task as it was when the run started: a job updated meanwhile runs the new one
+        # from its next run on.
+        self.call: Callable[[], Any] = state.spec.call
+        # A sync run's result, handed back to the loop with the run.
+        self.error: BaseException | None = None
+        self.finished_at: datetime | None = None
+        # Where the clock tells Unix time: the sync run's real start and end, on its thread.
+        self.unix_started: float | None = None
+        self.unix_finished = 0.0
+
+    def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
+        return RunEvent(
+            self.job_name, self.scheduled_at, self.replica_id, self.run_id, outcome,
+            self.started_at, None, error, None, self.manual,
+        )  # fmt: skip
+
+    @property
+    def abandoned(self) -> bool:
+        reason = self.cancel_reason
+        return reason is not None and reason is not CancelReason.TIMEOUT
+
+    def cut_off(self, reason: CancelReason, detail: str) -> None:
+        """Tell the run to stop: its task is cancelled, a sync task sees ``cancelled`` set."""
+        if reason is CancelReason.TIMEOUT:
+            self.timed_out = True
+        self.cancel(reason, detail)
+        if self.task is not None:
+            self.task.cancel()
+
+    def outcome(
+        self, error: BaseException | None, finished: datetime
+    ) -> tuple[Outcome, str | None]:
+        """How the run ended (``error``: what its task raised, if anything), and the words the
+        ledger keeps of it."""
+        if self.abandoned:
+            outcome = Outcome.ABANDONED
+        elif self.timed_out:
+            outcome = Outcome.TIMED_OUT
+            deadline = self.deadline
+            overrun = timedelta(0) if deadline is None else finished - deadline
+            if self.task is None and overrun > timedelta(0):
+                returned = f"the sync task returned {overrun} after it"
+                self.cancel_detail = f"{self.cancel_detail}; {returned}"
+        else:
+            outcome = Outcome.FAILED if error is not None else Outcome.SUCCEEDED
+        return outcome, self.cancel_detail if error is None else f"{type(error).__name__}: {error}"
