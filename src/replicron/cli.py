@@ -7,12 +7,13 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from ._schedule.tz import UTC, resolve_zone
 from .backends.base import ClusterRegistry, NamespacedRegistry
+from .cluster import ClusterStatus
 from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
@@ -139,9 +140,10 @@ def _add_source(command: argparse.ArgumentParser) -> None:
     )
 
 
-def _backend(args: argparse.Namespace) -> ClusterRegistry:
-    """The shared backend the arguments (else the environment) name; never opened: its
-    cluster methods use a connection of their own."""
+def _backend(args: argparse.Namespace) -> tuple[ClusterRegistry, str]:
+    """The shared backend the arguments (else the environment) name, and where it keeps its
+    state (a masked DSN, or the state directory); never opened: its cluster methods use a
+    connection of their own."""
     url, state_dir = args.database_url, args.state_dir
     if args.config:
         if url or state_dir:
@@ -163,7 +165,7 @@ def _backend(args: argparse.Namespace) -> ClusterRegistry:
 
         if args.namespace:
             raise ValueError("--namespace applies to PostgreSQL only")
-        return EmbeddedBackend(state_dir)
+        return EmbeddedBackend(state_dir), state_dir
     if not url:
         raise ValueError(
             "--database-url (or REPLICRON_DATABASE_URL), or --state-dir for the embedded "
@@ -171,7 +173,7 @@ def _backend(args: argparse.Namespace) -> ClusterRegistry:
         )
     from .postgres import PostgresBackend
 
-    return PostgresBackend(url, namespace=args.namespace, migrate=False)
+    return PostgresBackend(url, namespace=args.namespace, migrate=False), mask_dsn(url)
 
 
 def _database_url(args: argparse.Namespace) -> str:
@@ -197,18 +199,19 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from ._cli_status import print_status
 
-    backend = _backend(args)
-    status = asyncio.run(_guard_unmigrated(backend, backend.cluster_status()))
-    namespaces: dict[str, int] = {}
-    if not status.jobs and isinstance(backend, NamespacedRegistry):
-        namespaces = asyncio.run(backend.namespaces())
+    async def read(backend: ClusterRegistry) -> tuple[ClusterStatus, dict[str, int]]:
+        status = await backend.cluster_status()
+        if status.jobs or not isinstance(backend, NamespacedRegistry):
+            return status, {}
+        return status, await backend.namespaces()  # to say where the jobs may be instead
+
+    status, namespaces = _ask(args, read)
     return print_status(status, namespaces, as_json=args.json, check=args.check)
 
 
 def _cmd_pause(args: argparse.Namespace) -> int:
-    backend = _backend(args)
     by = f"replicron-cli@{socket.gethostname()}"
-    if asyncio.run(_guard_unmigrated(backend, backend.pause(args.job, by))):
+    if _ask(args, lambda backend: backend.pause(args.job, by)):
         print(f"paused {args.job!r}: every replica records its ticks paused from its next claim")
     else:
         print(f"{args.job!r} was paused already")
@@ -216,8 +219,7 @@ def _cmd_pause(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    backend = _backend(args)
-    if asyncio.run(_guard_unmigrated(backend, backend.resume(args.job))):
+    if _ask(args, lambda backend: backend.resume(args.job)):
         print(f"resumed {args.job!r}: it runs again from its next tick")
     else:
         print(f"{args.job!r} was not paused")
@@ -225,8 +227,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _cmd_forget(args: argparse.Namespace) -> int:
-    backend = _backend(args)
-    gone, live = asyncio.run(_guard_unmigrated(backend, backend.forget(args.job)))
+    gone, live = _ask(args, lambda backend: backend.forget(args.job))
     if live:
         print(
             f"{args.job!r} is still scheduled by live replicas {', '.join(live)}: remove it "
@@ -240,14 +241,18 @@ def _cmd_forget(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _guard_unmigrated(backend: Any, call: Awaitable[_T]) -> _T:
+def _ask(
+    args: argparse.Namespace, call: Callable[[ClusterRegistry], Coroutine[Any, Any, _T]]
+) -> _T:
+    """``call`` on the backend the arguments name; a database without replicron's tables is
+    said plainly."""
+    backend, where = _backend(args)
     try:
-        return await call
+        return asyncio.run(call(backend))
     except Exception as exc:
         if type(exc).__name__ == "UndefinedTable":
             raise ConfigurationError(
-                f"{mask_dsn(backend.conninfo)} has no replicron tables: run `replicron "
-                "migrate` on it first"
+                f"{where} has no replicron tables: run `replicron migrate` on it first"
             ) from None
         raise
 
