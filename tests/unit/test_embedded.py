@@ -23,8 +23,9 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
-from replicron.backends._ledger import migrations, now_us, process_alive, process_start
+from replicron.backends._ledger import migrations, now_us
 from replicron.backends._micros import to_micros as to_us
+from replicron.backends._processes import process_alive, process_start
 from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.events import Outcome
@@ -517,3 +518,14 @@ def test_the_ledger_accepts_every_outcome_and_nothing_else(tmp_path: Path) -> No
             conn.execute(insert, (n, outcome.value))
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
             conn.execute(insert, (99, "exploded"))
+
+
+def test_every_named_query_is_used_and_every_one_used_is_named() -> None:
+    import re
+
+    from replicron.backends import _sql
+    from replicron.backends.sqlfiles import SqlFiles
+
+    source = "".join(p.read_text() for p in Path(_sql.__file__).parent.glob("*.py"))
+    used = set(re.findall(r"\bsql\(\"(\w+)\"\)", source))
+    assert used == set(SqlFiles("replicron.backends").queries())

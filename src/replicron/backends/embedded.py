@@ -40,8 +40,9 @@ from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
-from ._ledger import Ledger, now_us, process_start
+from ._ledger import Ledger
 from ._micros import from_micros, to_micros
+from ._processes import Claimant, process_start
 from ._sqlite_cluster import (
     ClusterMethods,
     paused_jobs,
@@ -133,8 +134,7 @@ class EmbeddedBackend(ClusterMethods):
         self._file_locks: dict[int, tuple[FileLock, str]] = {}
         self._held: dict[int, int] = {}  # lock key -> run id holding it in this handle
         self._open: set[tuple[str, int]] = set()  # (job, tick) of our claimed, unrecorded ticks
-        self._pid = os.getpid()
-        self._pid_start: int | None = None
+        self._claimant = Claimant("", os.getpid(), None)
         self._next_janitor = 0.0
         self._io: ThreadPoolExecutor | None = None  # the thread every blocking call runs on
 
@@ -235,15 +235,15 @@ class EmbeddedBackend(ClusterMethods):
         self.replica_id = replica_id
         if on_lock_lost is not None:  # never called: a file lock is only lost with its process
             self._on_lock_lost = on_lock_lost
-        self._pid = os.getpid()
-        self._pid_start = process_start(self._pid)
+        pid = os.getpid()
+        self._claimant = Claimant(replica_id, pid, process_start(pid))
         directory = prepare_state_dir(self.state_dir)
         ledger = Ledger(directory / LEDGER_NAME, self.busy_timeout)
         try:
             prepare_locks_dir(directory / LOCKS_DIR)
             self._janitor(ledger)
             with ledger.write() as conn:
-                register_replica(conn, replica_id, self._pid, self._pid_start)
+                register_replica(conn, self._claimant)
         except sqlite3.Error as exc:
             ledger.close()
             raise StateDirError(ledger.path, f"cannot be updated: {exc}") from exc
@@ -264,12 +264,8 @@ class EmbeddedBackend(ClusterMethods):
                 # Ticks we claimed and never recorded (close without the engine's shutdown):
                 # nobody else could tell that they ended while this process lives on.
                 with ledger.write() as conn:
-                    conn.executemany(
-                        "UPDATE replicron_runs SET outcome = 'abandoned', finished_at = ?,"
-                        " error = ? WHERE job = ? AND scheduled_at = ? AND outcome IS NULL",
-                        [(now_us(), f"replica {self.replica_id} closed its backend first",
-                          job, tick) for job, tick in self._open],
-                    )  # fmt: skip
+                    error = f"replica {self.replica_id} closed its backend first"
+                    Ledger.abandon_ticks(conn, list(self._open), error)
         except sqlite3.Error as exc:
             logger.error("could not record the open ticks abandoned at close: %s", exc,
                          extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
@@ -301,12 +297,9 @@ class EmbeddedBackend(ClusterMethods):
                     if limit is not None and Ledger.runs_reached(conn, job, limit):
                         exhausted.add(job)
                         continue
-                    run_id = Ledger.insert_tick(
-                        conn, job, tick, request.manual, self.replica_id, self._pid,
-                        self._pid_start,
-                    )  # fmt: skip
+                    run_id = Ledger.insert_tick(conn, job, tick, request.manual, self._claimant)
                     if run_id is not None and job in paused and not request.manual:
-                        Ledger.record(conn, job, tick, "paused", None, None, _PAUSED)
+                        Ledger.record(conn, job, tick, Outcome.PAUSED, None, None, _PAUSED)
                         won[job, tick] = (run_id, None)
                         held.add((job, tick))
                     elif run_id is not None:
@@ -321,17 +314,18 @@ class EmbeddedBackend(ClusterMethods):
                         won[job, tick] = (None, False)
                     else:
                         taken.append(self.lock_key(job))
-                        if Ledger.running_elsewhere(conn, job, run_id):
+                        if Ledger.start_alone(conn, job, run_id):
+                            won[job, tick] = (run_id, True)
+                        else:
                             self._unlock(taken.pop())
                             won[job, tick] = (None, False)
-                        else:
-                            Ledger.mark_started(conn, run_id)
-                            won[job, tick] = (run_id, True)
                     tried.add(job)
                     if won[job, tick][1] is False:
                         # Refused: recorded at once (its claimant records it again), so that
                         # no claim meanwhile counts it as a run of the job (max_runs).
-                        Ledger.record(conn, job, tick, "skipped_overlap", None, None, _REFUSED)
+                        Ledger.record(
+                            conn, job, tick, Outcome.SKIPPED_OVERLAP, None, None, _REFUSED
+                        )
         except BaseException:
             for key in taken:
                 self._unlock(key)
@@ -358,9 +352,7 @@ class EmbeddedBackend(ClusterMethods):
             return False
         try:
             with ledger.write() as conn:
-                busy = Ledger.running_elsewhere(conn, claim.job, claim.run_id)
-                if not busy:
-                    Ledger.mark_started(conn, claim.run_id)
+                busy = not Ledger.start_alone(conn, claim.job, claim.run_id)
         except BaseException:
             self._unlock(self.lock_key(claim.job))
             raise
@@ -379,7 +371,7 @@ class EmbeddedBackend(ClusterMethods):
                     conn,
                     record.job,
                     to_micros(record.scheduled_at),
-                    record.outcome.value,
+                    record.outcome,
                     None if record.started_at is None else to_micros(record.started_at),
                     None if record.finished_at is None else to_micros(record.finished_at),
                     record.error,
@@ -438,18 +430,14 @@ class EmbeddedBackend(ClusterMethods):
         answers: list[bool | None] = []
         with ledger.write() as conn:
             for record in unique:
-                job, tick, outcome = (
-                    record.job,
-                    to_micros(record.scheduled_at),
-                    record.outcome.value,
-                )
+                job, tick = record.job, to_micros(record.scheduled_at)
                 limit = None if record.manual else record.max_runs
                 if limit is not None and Ledger.runs_reached(conn, job, limit):
                     answers.append(False)  # the job has run its max_runs: no more ticks
                     continue
                 answers.append(
                     Ledger.insert_finished(
-                        conn, job, tick, outcome, record.error, self.replica_id, self._pid
+                        conn, job, tick, record.outcome, record.error, self._claimant
                     )
                 )
         return answer_each(records, answers, where, unrecorded_repeat)
@@ -523,7 +511,8 @@ class EmbeddedBackend(ClusterMethods):
                            extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
 
     def _janitor(self, ledger: Ledger) -> None:
-        for job, tick, replica in ledger.abandon_dead():
+        for run in ledger.abandon_dead():
+            job, tick, replica = run.job, run.tick, run.replica
             logger.warning(
                 "job %r tick %s: the process of replica %s died; recorded abandoned",
                 job, from_micros(tick).isoformat(), replica,
