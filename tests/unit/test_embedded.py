@@ -275,6 +275,22 @@ def test_options_and_use_before_open() -> None:
     run(backend.close())  # closing an unopened backend is fine
 
 
+def test_what_the_backend_tells_a_scheduler(tmp_path: Path) -> None:
+    backend = EmbeddedBackend(tmp_path)
+    assert backend.spreads_bursts is True  # other processes claim too
+    assert backend.claims_ahead is None  # no clock of its own to claim ahead of
+    assert backend.clock_offset() is None
+    assert not backend.connected
+
+    async def main() -> None:
+        await backend.open("r0")
+        assert backend.connected
+        await backend.close()
+
+    run(main())
+    assert not backend.connected
+
+
 def test_open_twice_is_refused(tmp_path: Path) -> None:
     async def main() -> None:
         backend = await opened(tmp_path)
