@@ -23,9 +23,16 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
-from replicron.backends._ledger import migrations, now_us, process_alive, process_start
+from replicron.backends._ledger import migrations, now_us
 from replicron.backends._micros import to_micros as to_us
-from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
+from replicron.backends._processes import process_alive, process_start
+from replicron.backends.base import (
+    ClaimRequest,
+    ClaimStatus,
+    Release,
+    RunRecord,
+    SharedCoordination,
+)
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.events import Outcome
 from tests.helpers import z
@@ -274,6 +281,24 @@ def test_options_and_use_before_open() -> None:
     run(backend.close())  # closing an unopened backend is fine
 
 
+def test_what_the_backend_tells_a_scheduler(tmp_path: Path) -> None:
+    backend = EmbeddedBackend(tmp_path)
+    assert backend.spreads_bursts is True  # other processes claim too
+    assert backend.claims_ahead is None  # no clock of its own to claim ahead of
+    assert backend.clock_offset() is None
+    assert backend.peers is None  # it does not know who else shares the directory
+    assert isinstance(backend, SharedCoordination)
+    assert not backend.connected
+
+    async def main() -> None:
+        await backend.open("r0")
+        assert backend.connected
+        await backend.close()
+
+    run(main())
+    assert not backend.connected
+
+
 def test_open_twice_is_refused(tmp_path: Path) -> None:
     async def main() -> None:
         backend = await opened(tmp_path)
@@ -517,3 +542,14 @@ def test_the_ledger_accepts_every_outcome_and_nothing_else(tmp_path: Path) -> No
             conn.execute(insert, (n, outcome.value))
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
             conn.execute(insert, (99, "exploded"))
+
+
+def test_every_named_query_is_used_and_every_one_used_is_named() -> None:
+    import re
+
+    from replicron.backends import _sql
+    from replicron.backends.sqlfiles import SqlFiles
+
+    source = "".join(p.read_text() for p in Path(_sql.__file__).parent.glob("*.py"))
+    used = set(re.findall(r"\bsql\(\"(\w+)\"\)", source))
+    assert used == set(SqlFiles("replicron.backends").queries())

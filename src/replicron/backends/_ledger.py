@@ -5,43 +5,53 @@ One row per claimed tick (or manual run) in ``replicron_runs``; the unique
 is the fencing token. Times are integer microseconds since the Unix epoch, UTC. The
 connection runs in autocommit mode; every write is one short ``BEGIN IMMEDIATE`` transaction,
 so writers queue on SQLite's lock for at most ``busy_timeout`` and readers are never blocked
-(WAL).
-
-Each row records the claimant's pid and, on Linux, the pid's start time, so that the open row
-of a process that died (SIGKILL, OOM) can be told from a run still going, also after the pid
-was reused (a restarted container gets the same small pids again).
+(WAL). Each row records its claimant's process (see :mod:`._processes`). The statements are
+the named queries of ``sql/queries.sql``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import random
 import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from replicron.errors import StateDirError
+from replicron.events import Outcome
 
 from ._micros import MICROSECOND
-from .sqlfiles import SqlFiles
+from ._processes import Claimant, process_alive
+from ._sql import migration_files, sql
 
-__all__ = ["Ledger", "migrations", "now_us", "process_alive", "process_start"]
-
-#: Outcomes of a tick that ran: counted against ``max_runs``.
-_RUN_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "abandoned"})
+__all__ = ["Ledger", "OpenRun", "migrations", "now_us"]
 
 
-def _statements(sql: str) -> tuple[str, ...]:
+class OpenRun(NamedTuple):
+    """A row with no outcome yet, and the process that claimed it."""
+
+    run_id: int
+    job: str
+    tick: int
+    replica: str
+    pid: int | None
+    pid_start: int | None
+
+    def dead(self) -> bool:
+        """Its claimant's process is known, and gone."""
+        return self.pid is not None and not process_alive(self.pid, self.pid_start)
+
+
+def _statements(text: str) -> tuple[str, ...]:
     """The statements of a migration file, one by one (``executescript`` would commit)."""
     statements, current = [], ""
-    for line in sql.splitlines(keepends=True):
+    for line in text.splitlines(keepends=True):
         current += line
         if sqlite3.complete_statement(current):
             statements.append(current.strip())
@@ -55,54 +65,11 @@ def _statements(sql: str) -> tuple[str, ...]:
 def migrations() -> tuple[tuple[int, str, tuple[str, ...]], ...]:
     """(version, name, statements), from ``sql/migrations/NNNN_name.sql``: applied in order,
     each once, under an exclusive transaction. Read on first use, not on import."""
-    return tuple(
-        (m.version, m.name, _statements(m.sql)) for m in SqlFiles("replicron.backends").migrations()
-    )
-
-
-_CREATE_MIGRATIONS = """CREATE TABLE IF NOT EXISTS replicron_migrations (
-    version    INTEGER PRIMARY KEY,
-    name       TEXT    NOT NULL,
-    applied_at INTEGER NOT NULL
-)"""
+    return tuple((m.version, m.name, _statements(m.sql)) for m in migration_files())
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
-
-
-def _proc_stat(pid: int) -> tuple[bytes, int] | None:
-    """(state, start time in clock ticks since boot) from Linux's /proc, else None."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-        fields = data[data.rindex(b")") + 2 :].split()
-        return fields[0], int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> int | None:
-    """When process ``pid`` started (an opaque number), where the system tells; else None."""
-    stat = _proc_stat(pid)
-    return None if stat is None else stat[1]
-
-
-def process_alive(pid: int, start: int | None) -> bool:
-    """Whether the process that wrote a row (``pid`` started at ``start``) still runs on this
-    host. A zombie is dead; a live pid that started at another time is a reused pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, and belongs to another user
-    stat = _proc_stat(pid)
-    if stat is None:  # no /proc here, or the process just went: count it as alive
-        return True
-    state, started = stat
-    if state in (b"Z", b"X"):
-        return False
-    return start is None or started == start
 
 
 def _contended(exc: BaseException) -> bool:
@@ -138,27 +105,30 @@ class Ledger:
                 raise
 
     def _connect(self, busy_timeout: float) -> None:
+        # ``timeout`` is SQLite's busy timeout: how long a statement waits for another
+        # connection's lock.
         self._conn = conn = sqlite3.connect(
             self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        # Reads the header first: a file that is no database fails here, before anything is
-        # written to it.
         self._phase = "is not a usable SQLite database"
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        conn.execute(sql("probe")).fetchall()
         self._phase = "cannot be switched to WAL mode"
-        [(mode,)] = conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        [(mode,)] = conn.execute(sql("wal_mode")).fetchall()
         if str(mode).lower() != "wal":
             raise StateDirError(self.path, f"cannot use WAL mode (journal mode stays {mode!r})")
-        conn.execute("PRAGMA synchronous = FULL")  # a committed claim survives a power cut
+        conn.execute(sql("synchronous_full"))
         self._phase = "cannot be migrated"
-        self._migrate(conn)
+        self._migrate()
+        self._phase = "cannot be opened"
+        conn.execute(sql("ran_outcomes_create"))
+        conn.executemany(
+            sql("ran_outcome_insert"), [{"outcome": o.value} for o in Outcome if o.ran]
+        )
 
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN EXCLUSIVE")
-        try:
-            conn.execute(_CREATE_MIGRATIONS)
-            done = {row[0] for row in conn.execute("SELECT version FROM replicron_migrations")}
+    def _migrate(self) -> None:
+        with self._transaction(sql("begin_exclusive"), commit=True) as conn:
+            conn.execute(sql("migrations_create"))
+            done = {version for (version,) in conn.execute(sql("migrations_applied"))}
             newest = migrations()[-1][0]
             if done and max(done) > newest:
                 raise StateDirError(
@@ -172,14 +142,8 @@ class Ledger:
                 for statement in statements:
                     conn.execute(statement)
                 conn.execute(
-                    "INSERT INTO replicron_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    (version, name, now_us()),
+                    sql("migration_record"), {"version": version, "name": name, "now": now_us()}
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
 
     def close(self) -> None:
         with self._mutex:
@@ -187,46 +151,39 @@ class Ledger:
                 self._conn.close()
                 self._conn = None
 
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction; rolled back if the block raises."""
+        return self._transaction(sql("begin_write"), commit=True)
+
+    def snapshot(self) -> AbstractContextManager[sqlite3.Connection]:
+        """Reads that see one state of the ledger, and write nothing."""
+        return self._transaction(sql("begin_read"), commit=False)
+
+    @contextmanager
+    def _transaction(self, begin: str, commit: bool) -> Iterator[sqlite3.Connection]:
         with self._mutex:
             conn = self._conn
             if conn is None:
                 raise sqlite3.ProgrammingError("the embedded backend is not open")
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(begin)
             try:
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException:
+                if commit:
+                    conn.execute(sql("commit"))
+            finally:
                 if conn.in_transaction:
                     conn.rollback()
-                raise
-
-    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._mutex:
-            if self._conn is None:
-                raise sqlite3.ProgrammingError("the embedded backend is not open")
-            return self._conn.execute(sql, params).fetchall()
 
     # ---- statements (``conn`` is inside a write transaction) ------------------------------
 
     @staticmethod
     def insert_tick(
-        conn: sqlite3.Connection,
-        job: str,
-        tick: int,
-        manual: bool,
-        replica: str,
-        pid: int,
-        start: int | None,
+        conn: sqlite3.Connection, job: str, tick: int, manual: bool, claimant: Claimant
     ) -> int | None:
         """Insert the tick's row unless anybody has it; its run id if this call did."""
         cursor = conn.execute(
-            "INSERT INTO replicron_runs (job, scheduled_at, manual, replica_id, pid, pid_start,"
-            " claimed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (job, scheduled_at) DO NOTHING",
-            (job, tick, manual, replica, pid, start, now_us()),
+            sql("claim_insert"),
+            {"job": job, "tick": tick, "manual": manual, **claimant._asdict(), "now": now_us()},
         )
         return cursor.lastrowid if cursor.rowcount == 1 else None
 
@@ -234,61 +191,66 @@ class Ledger:
     def runs_reached(conn: sqlite3.Connection, job: str, limit: int) -> bool:
         """Whether ``job`` has ``limit`` scheduled runs: claimed ticks not recorded as not
         run (missed, skipped), pruned ones included, manual runs left out."""
-        [(count,)] = conn.execute(
-            "SELECT count(*) + coalesce((SELECT runs FROM replicron_pruned_runs WHERE job = ?),"
-            " 0) FROM (SELECT 1 FROM replicron_runs WHERE job = ? AND manual = 0"
-            " AND (outcome IS NULL OR outcome IN ('succeeded', 'failed', 'timed_out',"
-            " 'abandoned')) LIMIT ?)",
-            (job, job, limit),
-        ).fetchall()
+        [(count,)] = conn.execute(sql("runs_reached"), {"job": job, "limit": limit}).fetchall()
         return bool(count >= limit)
 
     @staticmethod
     def running_elsewhere(conn: sqlite3.Connection, job: str, run_id: int) -> bool:
         """Whether another started, unfinished run of ``job`` may still be going. Those whose
         process is gone are recorded abandoned on the way."""
-        rows = conn.execute(
-            "SELECT run_id, pid, pid_start, replica_id FROM replicron_runs"
-            " WHERE job = ? AND outcome IS NULL AND started_at IS NOT NULL AND run_id <> ?",
-            (job, run_id),
-        ).fetchall()
-        dead = [(rid, pid, replica) for rid, pid, start, replica in rows
-                if pid is not None and not process_alive(pid, start)]  # fmt: skip
+        params = {"job": job, "run_id": run_id}
+        runs = [OpenRun._make(row) for row in conn.execute(sql("started_runs_of_job"), params)]
+        dead = [run for run in runs if run.dead()]
         Ledger.abandon(conn, dead)
-        return len(dead) < len(rows)
+        return len(dead) < len(runs)
 
     @staticmethod
-    def abandon(conn: sqlite3.Connection, dead: Sequence[tuple[int, int, str]]) -> None:
-        """Record abandoned the open rows (run id, pid, replica) of processes that died."""
+    def abandon(conn: sqlite3.Connection, dead: Sequence[OpenRun]) -> None:
+        """Record abandoned the open rows of processes that died."""
         now = now_us()
         conn.executemany(
-            "UPDATE replicron_runs SET outcome = 'abandoned', finished_at = ?, error = ?"
-            " WHERE run_id = ? AND outcome IS NULL",
-            [(now, f"process {pid} of replica {replica} died with the tick open", rid)
-             for rid, pid, replica in dead],
+            sql("abandon_run"),
+            [{"outcome": Outcome.ABANDONED.value, "now": now, "run_id": run.run_id,
+              "error": f"process {run.pid} of replica {run.replica} died with the tick open"}
+             for run in dead],
         )  # fmt: skip
 
     @staticmethod
-    def mark_started(conn: sqlite3.Connection, run_id: int) -> None:
-        conn.execute(
-            "UPDATE replicron_runs SET started_at = ? WHERE run_id = ?", (now_us(), run_id)
-        )
+    def abandon_ticks(
+        conn: sqlite3.Connection, ticks: Sequence[tuple[str, int]], error: str
+    ) -> None:
+        """Record abandoned the ticks (job, tick) a replica claimed, where still open."""
+        now = now_us()
+        conn.executemany(
+            sql("abandon_tick"),
+            [{"outcome": Outcome.ABANDONED.value, "now": now, "error": error, "job": job,
+              "tick": tick} for job, tick in ticks],
+        )  # fmt: skip
+
+    @staticmethod
+    def start_alone(conn: sqlite3.Connection, job: str, run_id: int) -> bool:
+        """Mark the run started, unless another run of ``job`` may still be going (the
+        caller holds the job's lock); whether it did."""
+        if Ledger.running_elsewhere(conn, job, run_id):
+            return False
+        conn.execute(sql("mark_started"), {"now": now_us(), "run_id": run_id})
+        return True
 
     @staticmethod
     def record(
         conn: sqlite3.Connection,
         job: str,
         tick: int,
-        outcome: str,
+        outcome: Outcome,
         started: int | None,
         finished: int | None,
         error: str | None,
     ) -> bool:
         cursor = conn.execute(
-            "UPDATE replicron_runs SET outcome = ?, started_at = coalesce(?, started_at),"
-            " finished_at = ?, error = ? WHERE job = ? AND scheduled_at = ?",
-            (outcome, started, now_us() if finished is None else finished, error, job, tick),
-        )
+            sql("record_outcome"),
+            {"outcome": outcome.value, "started": started, "error": error, "job": job,
+             "finished": now_us() if finished is None else finished, "tick": tick},
+        )  # fmt: skip
         return cursor.rowcount == 1
 
     @staticmethod
@@ -296,18 +258,15 @@ class Ledger:
         conn: sqlite3.Connection,
         job: str,
         tick: int,
-        outcome: str,
+        outcome: Outcome,
         error: str | None,
-        replica: str,
-        pid: int,
+        claimant: Claimant,
     ) -> bool:
-        now = now_us()
         cursor = conn.execute(
-            "INSERT INTO replicron_runs (job, scheduled_at, replica_id, pid, claimed_at,"
-            " finished_at, outcome, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (job, scheduled_at) DO NOTHING",
-            (job, tick, replica, pid, now, now, outcome, error),
-        )
+            sql("insert_finished"),
+            {"job": job, "tick": tick, "replica": claimant.replica, "pid": claimant.pid,
+             "now": now_us(), "outcome": outcome.value, "error": error},
+        )  # fmt: skip
         return cursor.rowcount == 1
 
     # ---- reads and housekeeping -----------------------------------------------------------
@@ -316,35 +275,22 @@ class Ledger:
         # One max() a job: each is a single index lookup (GROUP BY over an IN list would
         # walk every row of each job).
         found: dict[str, int] = {}
-        with self._mutex:
-            if self._conn is None:
-                raise sqlite3.ProgrammingError("the embedded backend is not open")
-            conn = self._conn
-            conn.execute("BEGIN")  # one snapshot for all of them
-            try:
-                for job in jobs:
-                    [(tick,)] = conn.execute(
-                        "SELECT max(scheduled_at) FROM replicron_runs WHERE job = ? AND manual = 0",
-                        (job,),
-                    ).fetchall()
-                    if tick is not None:
-                        found[job] = tick
-            finally:
-                conn.rollback()
+        with self.snapshot() as conn:
+            for job in jobs:
+                [(tick,)] = conn.execute(sql("last_tick"), {"job": job}).fetchall()
+                if tick is not None:
+                    found[job] = tick
         return found
 
-    def abandon_dead(self) -> list[tuple[str, int, str]]:
-        """Janitor: record abandoned every open row whose process died; (job, tick, replica)
-        of each."""
-        rows = self.read(
-            "SELECT run_id, job, scheduled_at, replica_id, pid, pid_start FROM replicron_runs"
-            " WHERE outcome IS NULL AND pid IS NOT NULL"
-        )
-        dead = [row for row in rows if not process_alive(row[4], row[5])]
+    def abandon_dead(self) -> list[OpenRun]:
+        """Janitor: record abandoned every open row whose process died; those rows."""
+        with self.snapshot() as conn:
+            runs = [OpenRun._make(row) for row in conn.execute(sql("open_runs_with_pid"))]
+        dead = [run for run in runs if run.dead()]
         if dead:
             with self.write() as conn:
-                self.abandon(conn, [(rid, pid, replica) for rid, _, _, replica, pid, _ in dead])
-        return [(job, tick, replica) for _, job, tick, replica, _, _ in dead]
+                self.abandon(conn, dead)
+        return dead
 
     def prune(self, retention: timedelta, batch: int = 1000) -> int:
         """Delete finished rows claimed longer than ``retention`` ago, keeping each job's
@@ -352,24 +298,21 @@ class Ledger:
         call."""
         cutoff = now_us() - retention // MICROSECOND
         with self.write() as conn:
-            pruned = conn.execute(
-                "SELECT run_id, job, manual, outcome FROM replicron_runs old"
-                " WHERE old.claimed_at < ? AND old.outcome IS NOT NULL"
-                "   AND old.scheduled_at < (SELECT max(latest.scheduled_at)"
-                "                           FROM replicron_runs latest"
-                "                           WHERE latest.job = old.job AND latest.manual = 0)"
-                " LIMIT ?",
-                (cutoff, batch),
-            ).fetchall()
-            conn.executemany(
-                "DELETE FROM replicron_runs WHERE run_id = ?", [(row[0],) for row in pruned]
-            )
+            pruned = [
+                _Pruned._make(row)
+                for row in conn.execute(sql("prunable_runs"), {"cutoff": cutoff, "batch": batch})
+            ]
+            conn.executemany(sql("delete_run"), [{"run_id": row.run_id} for row in pruned])
             # The scheduled runs pruned go to their job's tally: max_runs counts them.
-            runs = Counter(job for _, job, manual, outcome in pruned
-                           if not manual and outcome in _RUN_OUTCOMES)  # fmt: skip
+            runs = Counter(row.job for row in pruned if not row.manual and Outcome(row.outcome).ran)
             conn.executemany(
-                "INSERT INTO replicron_pruned_runs (job, runs) VALUES (?, ?)"
-                " ON CONFLICT (job) DO UPDATE SET runs = runs + excluded.runs",
-                runs.items(),
+                sql("tally_pruned_runs"), [{"job": job, "runs": n} for job, n in runs.items()]
             )
             return len(pruned)
+
+
+class _Pruned(NamedTuple):
+    run_id: int
+    job: str
+    manual: int
+    outcome: str

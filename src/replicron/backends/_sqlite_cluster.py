@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from replicron.cluster import (
     ClusterStatus,
@@ -21,9 +21,12 @@ from replicron.cluster import (
     build_status,
 )
 from replicron.errors import StateDirError
+from replicron.events import Outcome
 
-from ._ledger import Ledger, now_us, process_alive
+from ._ledger import Ledger, now_us
 from ._micros import MICROSECOND, from_micros, to_micros
+from ._processes import Claimant, process_alive
+from ._sql import sql
 from ._state_dir import LEDGER_NAME
 
 __all__ = [
@@ -43,32 +46,55 @@ _DAY_US = 86_400_000_000
 _T = TypeVar("_T")
 
 
-def register_replica(conn: sqlite3.Connection, replica: str, pid: int, start: int | None) -> None:
-    now = now_us()
-    conn.execute(
-        "INSERT INTO replicron_replicas (replica_id, pid, pid_start, started_at, last_seen)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (replica_id) DO UPDATE SET pid = excluded.pid,"
-        " pid_start = excluded.pid_start, started_at = excluded.started_at,"
-        " last_seen = excluded.last_seen, stopped_at = NULL",
-        (replica, pid, start, now, now),
-    )
+class _RegistrationRow(NamedTuple):
+    job: str
+    replica: str
+    trigger: str
+    fingerprint: str
+    grace: int
+    expected: str  # microseconds, comma-separated
+    last_seen: int
+
+    def registration(self, alive: bool) -> Registration:
+        return Registration(
+            self.job, self.replica, self.trigger, self.fingerprint,
+            timedelta(microseconds=self.grace),
+            tuple(from_micros(int(tick)) for tick in self.expected.split(",") if tick),
+            from_micros(self.last_seen), alive,
+        )  # fmt: skip
+
+
+class _ReplicaRow(NamedTuple):
+    replica: str
+    pid: int
+    pid_start: int | None
+    started_at: int
+    last_seen: int
+    stopped_at: int | None
+
+
+def _alive(pid: int | None, start: int | None, stopped: int | None) -> bool:
+    """Whether a replica (its process, unless it stopped) is alive."""
+    return pid is not None and stopped is None and process_alive(pid, start)
+
+
+def register_replica(conn: sqlite3.Connection, claimant: Claimant) -> None:
+    conn.execute(sql("replica_register"), {**claimant._asdict(), "now": now_us()})
 
 
 def prune_registry(conn: sqlite3.Connection, retention: timedelta) -> None:
     """Registrations not written for ``retention``, and replicas not seen for as long."""
-    cutoff = now_us() - retention // MICROSECOND
-    conn.execute("DELETE FROM replicron_jobs WHERE last_seen < ?", (cutoff,))
-    conn.execute("DELETE FROM replicron_replicas WHERE last_seen < ?", (cutoff,))
+    cutoff = {"cutoff": now_us() - retention // MICROSECOND}
+    conn.execute(sql("prune_registrations"), cutoff)
+    conn.execute(sql("prune_replicas"), cutoff)
 
 
 def replica_stopped(conn: sqlite3.Connection, replica: str) -> None:
-    conn.execute(
-        "UPDATE replicron_replicas SET stopped_at = ? WHERE replica_id = ?", (now_us(), replica)
-    )
+    conn.execute(sql("replica_stopped"), {"now": now_us(), "replica": replica})
 
 
 def paused_jobs(conn: sqlite3.Connection) -> frozenset[str]:
-    return frozenset(job for (job,) in conn.execute("SELECT job FROM replicron_paused"))
+    return frozenset(job for (job,) in conn.execute(sql("paused_jobs")))
 
 
 def announce(
@@ -82,53 +108,36 @@ def announce(
     rows go); the live registrations of its jobs that differ from its own (drift)."""
     now = now_us()
     if complete:
-        conn.execute("DELETE FROM replicron_jobs WHERE replica_id = ?", (replica,))
+        conn.execute(sql("registrations_of_replica_delete"), {"replica": replica})
     conn.executemany(
-        "INSERT INTO replicron_jobs (job, replica_id, trigger, fingerprint, grace, expected,"
-        " last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, replica_id) DO UPDATE SET"
-        " trigger = excluded.trigger, fingerprint = excluded.fingerprint,"
-        " grace = excluded.grace, expected = excluded.expected, last_seen = excluded.last_seen",
+        sql("registration_upsert"),
         [
-            (d.job, replica, d.trigger, d.fingerprint, d.grace // MICROSECOND,
-             ",".join(str(to_micros(tick)) for tick in d.expected), now)
+            {"job": d.job, "replica": replica, "trigger": d.trigger,
+             "fingerprint": d.fingerprint, "grace": d.grace // MICROSECOND,
+             "expected": ",".join(str(to_micros(tick)) for tick in d.expected), "now": now}
             for d in definitions
         ],
     )  # fmt: skip
     conn.executemany(
-        "DELETE FROM replicron_jobs WHERE job = ? AND replica_id = ?",
-        [(job, replica) for job in removed],
+        sql("registration_delete"), [{"job": job, "replica": replica} for job in removed]
     )
-    conn.execute("UPDATE replicron_replicas SET last_seen = ? WHERE replica_id = ?", (now, replica))
-    rows = conn.execute(
-        "SELECT other.job, other.replica_id, other.trigger, other.fingerprint, other.grace,"
-        " other.expected, other.last_seen, seen.pid, seen.pid_start"
-        " FROM replicron_jobs mine JOIN replicron_jobs other ON other.job = mine.job"
-        "  AND other.replica_id <> mine.replica_id AND other.fingerprint <> mine.fingerprint"
-        " JOIN replicron_replicas seen ON seen.replica_id = other.replica_id"
-        "  AND seen.stopped_at IS NULL"
-        " WHERE mine.replica_id = ? ORDER BY other.job, other.replica_id",
-        (replica,),
-    ).fetchall()
-    return [_registration(row[:7], True) for row in rows if process_alive(row[7], row[8])]
+    conn.execute(sql("replica_seen"), {"now": now, "replica": replica})
+    return [
+        _RegistrationRow(*row).registration(True)
+        for *row, pid, start in conn.execute(sql("drifted_registrations"), {"replica": replica})
+        if process_alive(pid, start)
+    ]
 
 
 def forget(ledger: Ledger, job: str) -> tuple[list[str], list[str]]:
     """Drop the registrations of ``job`` by replicas that are gone: (those dropped, the live
     replicas that still schedule it)."""
     with ledger.write() as conn:
-        rows = conn.execute(
-            "SELECT job.replica_id, seen.pid, seen.pid_start, seen.stopped_at"
-            " FROM replicron_jobs job"
-            " LEFT JOIN replicron_replicas seen ON seen.replica_id = job.replica_id"
-            " WHERE job.job = ? ORDER BY job.replica_id",
-            (job,),
-        ).fetchall()
-        live = [r for r, pid, start, stopped in rows
-                if pid is not None and stopped is None and process_alive(pid, start)]  # fmt: skip
-        gone = [r for r, *_ in rows if r not in live]
+        rows = conn.execute(sql("registrants_of_job"), {"job": job}).fetchall()
+        live = [replica for replica, *process in rows if _alive(*process)]
+        gone = [replica for replica, *_ in rows if replica not in live]
         conn.executemany(
-            "DELETE FROM replicron_jobs WHERE job = ? AND replica_id = ?",
-            [(job, r) for r in gone],
+            sql("registration_delete"), [{"job": job, "replica": replica} for replica in gone]
         )
     return gone, live
 
@@ -136,13 +145,9 @@ def forget(ledger: Ledger, job: str) -> tuple[list[str], list[str]]:
 def set_paused(ledger: Ledger, job: str, paused: bool, by: str) -> bool:
     with ledger.write() as conn:
         if paused:
-            cursor = conn.execute(
-                "INSERT INTO replicron_paused (job, paused_at, paused_by) VALUES (?, ?, ?)"
-                " ON CONFLICT (job) DO NOTHING",
-                (job, now_us(), by),
-            )
+            cursor = conn.execute(sql("pause_insert"), {"job": job, "now": now_us(), "by": by})
         else:
-            cursor = conn.execute("DELETE FROM replicron_paused WHERE job = ?", (job,))
+            cursor = conn.execute(sql("pause_delete"), {"job": job})
         return cursor.rowcount == 1
 
 
@@ -150,31 +155,14 @@ def read_cluster(ledger: Ledger) -> ClusterStatus:
     """One consistent read of the ledger, registry, pauses and replicas."""
     with ledger.write() as conn:  # one snapshot; short, and it writes nothing
         now = now_us()
-        replicas = {
-            replica: (pid, start, started, seen, stopped)
-            for replica, pid, start, started, seen, stopped in conn.execute(
-                "SELECT replica_id, pid, pid_start, started_at, last_seen, stopped_at"
-                " FROM replicron_replicas"
-            )
-        }
-        alive = {
-            r: stopped is None and process_alive(pid, start)
-            for r, (pid, start, _, _, stopped) in replicas.items()
-        }
+        replicas = sorted(_ReplicaRow._make(row) for row in conn.execute(sql("replicas")))
+        alive = {r.replica: _alive(r.pid, r.pid_start, r.stopped_at) for r in replicas}
         registrations = [
-            _registration(row, alive.get(row[1], False))
-            for row in conn.execute(
-                "SELECT job, replica_id, trigger, fingerprint, grace, expected, last_seen"
-                " FROM replicron_jobs ORDER BY job, replica_id"
-            )
+            row.registration(alive.get(row.replica, False))
+            for row in map(_RegistrationRow._make, conn.execute(sql("registrations")))
         ]
-        pauses = [
-            Pause(job, from_micros(at), by)
-            for job, at, by in conn.execute(
-                "SELECT job, paused_at, paused_by FROM replicron_paused ORDER BY job"
-            )
-        ]
-        jobs = [job for (job,) in conn.execute("SELECT DISTINCT job FROM replicron_runs")]
+        pauses = [Pause(job, from_micros(at), by) for job, at, by in conn.execute(sql("pauses"))]
+        jobs = [job for (job,) in conn.execute(sql("ledger_jobs"))]
         ledger_rows = [_job_status(conn, job) for job in sorted(jobs)]
     return build_status(
         "",
@@ -183,33 +171,29 @@ def read_cluster(ledger: Ledger) -> ClusterStatus:
         registrations,
         pauses,
         [
-            ReplicaStatus(r, pid, None, from_micros(started), from_micros(seen), alive[r])
-            for r, (pid, _, started, seen, _) in sorted(replicas.items())
+            ReplicaStatus(
+                r.replica,
+                r.pid,
+                None,
+                from_micros(r.started_at),
+                from_micros(r.last_seen),
+                alive[r.replica],
+            )
+            for r in replicas
         ],
     )
 
 
 def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
-    last = conn.execute(
-        "SELECT replica_id, scheduled_at, started_at, finished_at, outcome, error"
-        " FROM replicron_runs WHERE job = ? AND outcome IS NOT NULL"
-        " ORDER BY scheduled_at DESC LIMIT 1",
-        (job,),
-    ).fetchone()
+    last = conn.execute(sql("last_outcome"), {"job": job}).fetchone()
     [(success, missed, last_tick)] = conn.execute(
-        "SELECT max(finished_at) FILTER (WHERE outcome = 'succeeded'),"
-        " count(*) FILTER (WHERE outcome = 'missed' AND scheduled_at > ?),"
-        " max(scheduled_at) FILTER (WHERE manual = 0)"
-        " FROM replicron_runs WHERE job = ?",
-        (now_us() - _DAY_US, job),
-    ).fetchall()
+        sql("job_tallies"),
+        {"job": job, "since": now_us() - _DAY_US, "succeeded": Outcome.SUCCEEDED.value,
+         "missed": Outcome.MISSED.value},
+    ).fetchall()  # fmt: skip
     running = tuple(
         (replica, run_id)
-        for replica, run_id, pid, start in conn.execute(
-            "SELECT replica_id, run_id, pid, pid_start FROM replicron_runs"
-            " WHERE job = ? AND outcome IS NULL AND started_at IS NOT NULL ORDER BY run_id",
-            (job,),
-        )
+        for replica, run_id, pid, start in conn.execute(sql("started_runs"), {"job": job})
         if pid is None or process_alive(pid, start)
     )
     replica, scheduled, started, finished, outcome, error = last or (None,) * 6
@@ -221,18 +205,6 @@ def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
 
 def _at(micros: int | None) -> datetime | None:
     return None if micros is None else from_micros(micros)
-
-
-def _registration(row: Sequence[object], alive: bool) -> Registration:
-    job, replica, trigger, fingerprint, grace, expected, seen = row
-    assert isinstance(grace, int)
-    assert isinstance(seen, int)
-    return Registration(
-        str(job), str(replica), str(trigger), str(fingerprint),
-        timedelta(microseconds=grace),
-        tuple(from_micros(int(tick)) for tick in str(expected).split(",") if tick),
-        from_micros(seen), alive,
-    )  # fmt: skip
 
 
 class ClusterMethods:

@@ -1,0 +1,244 @@
+-- Named queries of the embedded backend's SQLite ledger. Each starts with a "-- name: NAME"
+-- line; the text up to the next such line is the statement (one each). Parameters use
+-- SQLite's :name style. Times are integer microseconds since the Unix epoch, UTC.
+
+-- ---- the connection ----------------------------------------------------------------------
+
+-- name: probe
+-- Reads the header: a file that is no database fails here, before anything is written to it.
+SELECT count(*) FROM sqlite_master;
+
+-- name: wal_mode
+-- Readers never wait for the writer; answers the journal mode in force.
+PRAGMA journal_mode = WAL;
+
+-- name: synchronous_full
+-- A committed claim survives a power cut.
+PRAGMA synchronous = FULL;
+
+-- name: begin_write
+-- Takes the write lock at once: a writer queues on it (for at most the busy timeout) before it
+-- reads anything it decides on.
+BEGIN IMMEDIATE;
+
+-- name: begin_exclusive
+-- Migrations: nobody else reads or writes meanwhile.
+BEGIN EXCLUSIVE;
+
+-- name: begin_read
+-- One snapshot for the reads that follow (the first read takes it).
+BEGIN;
+
+-- name: commit
+COMMIT;
+
+-- name: ran_outcomes_create
+-- The outcomes of a tick that ran (max_runs counts them), as the code knows them: a table of
+-- this connection alone, filled when it opens (see runs_reached).
+CREATE TEMP TABLE replicron_ran_outcomes (outcome TEXT PRIMARY KEY);
+
+-- name: ran_outcome_insert
+INSERT INTO temp.replicron_ran_outcomes (outcome) VALUES (:outcome);
+
+-- ---- migrations --------------------------------------------------------------------------
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS replicron_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+-- name: migrations_applied
+SELECT version FROM replicron_migrations;
+
+-- name: migration_record
+INSERT INTO replicron_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- ---- claims and outcomes -----------------------------------------------------------------
+
+-- name: claim_insert
+-- Insert the tick's row unless anybody has it (then nothing changes: rowcount 0).
+INSERT INTO replicron_runs (job, scheduled_at, manual, replica_id, pid, pid_start, claimed_at)
+VALUES (:job, :tick, :manual, :replica, :pid, :pid_start, :now)
+ON CONFLICT (job, scheduled_at) DO NOTHING;
+
+-- name: runs_reached
+-- How many scheduled runs the job has, counted up to :limit: claimed ticks not recorded as not
+-- run (missed, skipped), pruned ones included, manual runs left out.
+SELECT count(*) + coalesce((SELECT runs FROM replicron_pruned_runs WHERE job = :job), 0)
+FROM (
+    SELECT 1 FROM replicron_runs
+    WHERE job = :job AND manual = 0
+      AND (outcome IS NULL
+           OR outcome IN (SELECT outcome FROM temp.replicron_ran_outcomes))
+    LIMIT :limit
+);
+
+-- name: started_runs_of_job
+-- The job's other started, unfinished runs: one may still be going (the overlap check).
+SELECT run_id, job, scheduled_at, replica_id, pid, pid_start
+FROM replicron_runs
+WHERE job = :job AND outcome IS NULL AND started_at IS NOT NULL AND run_id <> :run_id;
+
+-- name: open_runs_with_pid
+-- Janitor: every open row that names its claimant's process.
+SELECT run_id, job, scheduled_at, replica_id, pid, pid_start
+FROM replicron_runs
+WHERE outcome IS NULL AND pid IS NOT NULL;
+
+-- name: abandon_run
+-- An open run whose process died (unless it was recorded meanwhile).
+UPDATE replicron_runs SET outcome = :outcome, finished_at = :now, error = :error
+WHERE run_id = :run_id AND outcome IS NULL;
+
+-- name: abandon_tick
+-- A tick this replica claimed and never recorded (unless it was recorded meanwhile).
+UPDATE replicron_runs SET outcome = :outcome, finished_at = :now, error = :error
+WHERE job = :job AND scheduled_at = :tick AND outcome IS NULL;
+
+-- name: mark_started
+UPDATE replicron_runs SET started_at = :now WHERE run_id = :run_id;
+
+-- name: record_outcome
+-- How a claimed tick ended; a start time not given keeps the one the claim wrote.
+UPDATE replicron_runs
+SET outcome = :outcome, started_at = coalesce(:started, started_at), finished_at = :finished,
+    error = :error
+WHERE job = :job AND scheduled_at = :tick;
+
+-- name: insert_finished
+-- A tick nobody ran (missed), unless anybody has its row.
+INSERT INTO replicron_runs
+    (job, scheduled_at, replica_id, pid, claimed_at, finished_at, outcome, error)
+VALUES (:job, :tick, :replica, :pid, :now, :now, :outcome, :error)
+ON CONFLICT (job, scheduled_at) DO NOTHING;
+
+-- name: last_tick
+-- The job's latest tick (manual runs are not ticks): a single index lookup.
+SELECT max(scheduled_at) FROM replicron_runs WHERE job = :job AND manual = 0;
+
+-- ---- retention ---------------------------------------------------------------------------
+
+-- name: prunable_runs
+-- Finished rows claimed before :cutoff, but each job's latest scheduled tick (catch-up reads it
+-- after long pauses).
+SELECT run_id, job, manual, outcome FROM replicron_runs old
+WHERE old.claimed_at < :cutoff AND old.outcome IS NOT NULL
+  AND old.scheduled_at < (SELECT max(latest.scheduled_at)
+                          FROM replicron_runs latest
+                          WHERE latest.job = old.job AND latest.manual = 0)
+LIMIT :batch;
+
+-- name: delete_run
+DELETE FROM replicron_runs WHERE run_id = :run_id;
+
+-- name: tally_pruned_runs
+-- The scheduled runs pruned go to their job's tally: max_runs counts them.
+INSERT INTO replicron_pruned_runs (job, runs) VALUES (:job, :runs)
+ON CONFLICT (job) DO UPDATE SET runs = runs + excluded.runs;
+
+-- name: prune_registrations
+-- Registrations not written since :cutoff.
+DELETE FROM replicron_jobs WHERE last_seen < :cutoff;
+
+-- name: prune_replicas
+-- Replicas not seen since :cutoff.
+DELETE FROM replicron_replicas WHERE last_seen < :cutoff;
+
+-- ---- replicas, the job registry and pauses -----------------------------------------------
+
+-- name: replica_register
+INSERT INTO replicron_replicas (replica_id, pid, pid_start, started_at, last_seen)
+VALUES (:replica, :pid, :pid_start, :now, :now)
+ON CONFLICT (replica_id) DO UPDATE SET
+    pid = excluded.pid, pid_start = excluded.pid_start, started_at = excluded.started_at,
+    last_seen = excluded.last_seen, stopped_at = NULL;
+
+-- name: replica_stopped
+UPDATE replicron_replicas SET stopped_at = :now WHERE replica_id = :replica;
+
+-- name: replica_seen
+UPDATE replicron_replicas SET last_seen = :now WHERE replica_id = :replica;
+
+-- name: paused_jobs
+SELECT job FROM replicron_paused;
+
+-- name: registrations_of_replica_delete
+DELETE FROM replicron_jobs WHERE replica_id = :replica;
+
+-- name: registration_upsert
+INSERT INTO replicron_jobs (job, replica_id, trigger, fingerprint, grace, expected, last_seen)
+VALUES (:job, :replica, :trigger, :fingerprint, :grace, :expected, :now)
+ON CONFLICT (job, replica_id) DO UPDATE SET
+    trigger = excluded.trigger, fingerprint = excluded.fingerprint, grace = excluded.grace,
+    expected = excluded.expected, last_seen = excluded.last_seen;
+
+-- name: registration_delete
+DELETE FROM replicron_jobs WHERE job = :job AND replica_id = :replica;
+
+-- name: drifted_registrations
+-- The registrations of this replica's jobs by other replicas, not stopped, that define them
+-- differently; with each one's process (alive is decided by the caller).
+SELECT other.job, other.replica_id, other.trigger, other.fingerprint, other.grace,
+       other.expected, other.last_seen, seen.pid, seen.pid_start
+FROM replicron_jobs mine
+JOIN replicron_jobs other ON other.job = mine.job
+    AND other.replica_id <> mine.replica_id AND other.fingerprint <> mine.fingerprint
+JOIN replicron_replicas seen ON seen.replica_id = other.replica_id AND seen.stopped_at IS NULL
+WHERE mine.replica_id = :replica
+ORDER BY other.job, other.replica_id;
+
+-- name: registrants_of_job
+-- The replicas that registered the job, with their process (none: the replica row is gone).
+SELECT job.replica_id, seen.pid, seen.pid_start, seen.stopped_at
+FROM replicron_jobs job
+LEFT JOIN replicron_replicas seen ON seen.replica_id = job.replica_id
+WHERE job.job = :job
+ORDER BY job.replica_id;
+
+-- name: pause_insert
+INSERT INTO replicron_paused (job, paused_at, paused_by) VALUES (:job, :now, :by)
+ON CONFLICT (job) DO NOTHING;
+
+-- name: pause_delete
+DELETE FROM replicron_paused WHERE job = :job;
+
+-- ---- the cluster's status ----------------------------------------------------------------
+
+-- name: replicas
+SELECT replica_id, pid, pid_start, started_at, last_seen, stopped_at FROM replicron_replicas;
+
+-- name: registrations
+SELECT job, replica_id, trigger, fingerprint, grace, expected, last_seen
+FROM replicron_jobs
+ORDER BY job, replica_id;
+
+-- name: pauses
+SELECT job, paused_at, paused_by FROM replicron_paused ORDER BY job;
+
+-- name: ledger_jobs
+SELECT DISTINCT job FROM replicron_runs;
+
+-- name: last_outcome
+-- The job's latest recorded outcome.
+SELECT replica_id, scheduled_at, started_at, finished_at, outcome, error
+FROM replicron_runs
+WHERE job = :job AND outcome IS NOT NULL
+ORDER BY scheduled_at DESC
+LIMIT 1;
+
+-- name: job_tallies
+-- The job's latest success, its misses since :since, and its latest tick.
+SELECT max(finished_at) FILTER (WHERE outcome = :succeeded),
+       count(*) FILTER (WHERE outcome = :missed AND scheduled_at > :since),
+       max(scheduled_at) FILTER (WHERE manual = 0)
+FROM replicron_runs
+WHERE job = :job;
+
+-- name: started_runs
+-- The job's started, unfinished runs (those of dead processes are left out by the caller).
+SELECT replica_id, run_id, pid, pid_start
+FROM replicron_runs
+WHERE job = :job AND outcome IS NULL AND started_at IS NOT NULL
+ORDER BY run_id;
