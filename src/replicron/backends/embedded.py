@@ -80,9 +80,9 @@ class EmbeddedBackend(ClusterMethods):
     ) -> None:
         if sys.platform == "win32":
             raise ConfigurationError("EmbeddedBackend needs a POSIX system (Linux, macOS, BSD)")
-        if sqlite3.sqlite_version_info < (3, 24, 0):
+        if sqlite3.sqlite_version_info < (3, 30, 0):
             raise ConfigurationError(
-                "EmbeddedBackend needs SQLite 3.24 or later;"
+                "EmbeddedBackend needs SQLite 3.30 or later;"
                 f" this Python has {sqlite3.sqlite_version}"
             )
         if not busy_timeout > 0:
