@@ -8,11 +8,9 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from ._schedule.tz import UTC
-from .cluster import ClusterStatus, JobView, how_long
+from .cluster import ClusterStatus, JobView, Problem, ProblemKind
 
 __all__ = ["print_status"]
-
-_NOT_RUN = ("paused", "missed", "skipped_overlap", "skipped_limit")
 
 
 def print_status(
@@ -43,7 +41,10 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
         ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "TOOK", "LAST SUCCESS", "RUNNING",
          "NEXT DUE", "STATE", "MISSED 24H"),
     ]  # fmt: skip
+    notes = []
     for view in status.jobs:
+        problems = status.job_problems(view)
+        notes += [f"{view.job}: {note}" for note in _notes(view, problems)]
         table.append(
             (
                 view.job,
@@ -54,53 +55,43 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
                 _iso(view.last_success_at),
                 ", ".join(f"{replica}#{run_id}" for replica, run_id in view.running) or "-",
                 _iso(view.next_due),
-                _state(view, status),
+                _state(view, status, {p.kind for p in problems}),
                 str(view.missed),
             )
         )
     _print_table(table)
-    for view in status.jobs:
-        for line in _notes(view, status.read_at):
-            print(f"{view.job}: {line}")
+    for line in notes:
+        print(line)
     _print_replicas(status)
 
 
-def _state(view: JobView, status: ClusterStatus) -> str:
+def _state(view: JobView, status: ClusterStatus, kinds: set[ProblemKind]) -> str:
+    """The STATE column: the job's problems (a failed last run is in OUTCOME) and states."""
     states = []
-    if view.overdue:
+    if ProblemKind.OVERDUE in kinds:
         states.append("OVERDUE")
     if view.paused is not None:
         states.append("paused")
-    if view.drift:
+    if ProblemKind.DRIFT in kinds:
         states.append("DRIFT")
-    if view.blocked_by:
+    if ProblemKind.BLOCKED in kinds:
         states.append("BLOCKED")
     if not view.registered:
         states.append("unregistered")
-    elif not view.scheduled_by and any(r.alive for r in status.replicas):
+    elif status.unscheduled(view):
         states.append("unscheduled")
     return ",".join(states) or "ok"
 
 
-def _notes(view: JobView, now: datetime) -> list[str]:
-    notes = []
-    if view.overdue_since is not None:
-        late = how_long(now - view.overdue_since)
-        notes.append(
-            f"overdue: the tick due at {_iso(view.overdue_since)} has no run {late} after it"
-        )
+def _notes(view: JobView, problems: Sequence[Problem]) -> list[str]:
+    """The lines below the table: the job's problems, as ``--check`` words them, then what
+    else to know. A failed last run shows as its outcome in the row and its error here."""
+    notes = [p.text for p in problems if p.kind is not ProblemKind.LAST_RUN_FAILED]
     if view.paused is not None:
         notes.append(f"paused by {view.paused.paused_by} at {_iso(view.paused.paused_at)}")
-    if view.drift:
-        shapes = "; ".join(f"{r.replica_id} runs {r.trigger}" for r in view.drift)
-        notes.append(f"definition drift: {shapes}")
-    if view.last_error and view.last_outcome not in _NOT_RUN:
+    outcome = view.outcome
+    if view.last_error and (outcome is None or outcome.ran):
         notes.append(f"last error: {view.last_error}")
-    for replica, run_id in view.blocked_by:
-        notes.append(
-            f"run {run_id} of replica {replica} stopped heartbeating; while its session holds "
-            "the job's lock (a frozen process), the job is blocked"
-        )
     return notes
 
 

@@ -1,13 +1,16 @@
 """The cluster as its shared ledger sees it: every job's last run and success, what runs now,
 which expected tick never got a row (overdue), paused jobs, replicas that disagree on a job's
-definition (drift), and the replicas themselves.
+definition (drift), and the replicas themselves; and what of it is a problem (:class:`Problem`).
 
 Backends shared by replicas (PostgreSQL, embedded) keep, besides the run ledger, a registry
 of the jobs each replica schedules: the trigger's text, a fingerprint of the definition, the
 grace after which a tick without a row is overdue, and the next tick the replica expects.
 Anyone who reads the database can then tell a job that silently stopped running, even when
 no replica is up to notice. :func:`build_status` turns what a backend read into the view that
-``replicron status``, the status page and the metrics show; it is pure.
+``replicron status``, the status page and the metrics show; it is pure. What is wrong with a
+job is decided in one place, :meth:`ClusterStatus.job_problems`: ``replicron status`` and
+``--check``, the status page and :meth:`ClusterStatus.problems` render its :class:`Problem`
+values.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from ._problems import Problem, ProblemKind, Severity, how_long
 from .dsn import mask_secrets
+from .events import Outcome
 
 __all__ = [
     "DEFAULT_OVERDUE_GRACE",
@@ -27,8 +32,11 @@ __all__ = [
     "JobStatus",
     "JobView",
     "Pause",
+    "Problem",
+    "ProblemKind",
     "Registration",
     "ReplicaStatus",
+    "Severity",
     "StatusSource",
     "build_status",
 ]
@@ -40,8 +48,6 @@ DEFAULT_OVERDUE_GRACE = timedelta(minutes=1)
 MOST_EXPECTED = 100
 #: How old the last failure of a job nobody registers may be to still count as a problem.
 _HISTORY = timedelta(days=1)
-#: Outcomes of a last run that ``problems`` reports.
-_FAILED_OUTCOMES = ("failed", "timed_out", "abandoned")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,17 @@ class JobView:
         return self.overdue_since is not None
 
     @property
+    def outcome(self) -> Outcome | None:
+        """``last_outcome`` as an :class:`Outcome`: ``None`` while the last tick's run goes
+        on (or for an outcome this version does not know)."""
+        if self.last_outcome is None:
+            return None
+        try:
+            return Outcome(self.last_outcome)
+        except ValueError:
+            return None
+
+    @property
     def last_duration(self) -> timedelta | None:
         if self.last_started_at is None or self.last_finished_at is None:
             return None
@@ -180,38 +197,63 @@ class ClusterStatus:
         return next((view for view in self.jobs if view.job == name), None)
 
     def problems(self) -> list[str]:
-        """One line per thing to act on: an overdue job, replicas that disagree on a job,
-        a last run that failed, timed out or was cut off, a job blocked by a frozen run."""
-        lines = []
-        for view in self.jobs:
-            name = view.job
-            if view.overdue_since is not None:
-                late = how_long(self.read_at - view.overdue_since)
-                hint = ""
-                if not view.scheduled_by and any(r.alive for r in self.replicas):
-                    hint = (
-                        " (no live replica schedules it: if it was dropped on purpose, "
-                        f"`replicron forget {name}`)"
-                    )
-                lines.append(
-                    f"{name}: overdue: the tick due at {_iso(view.overdue_since)} has no run "
-                    f"{late} after it{hint}"
+        """One line per thing to act on (:meth:`job_problems`, of every job)."""
+        return [problem.line for view in self.jobs for problem in self.job_problems(view)]
+
+    def job_problems(self, view: JobView) -> tuple[Problem, ...]:
+        """What is wrong with ``view``'s job, in this order: an expected tick without a row
+        (overdue), live replicas that disagree on its definition, a last run that failed,
+        timed out or was cut off (of a job no replica registers, only within a day of it),
+        and one problem per run of a frozen replica that may hold its lock. A paused job is
+        no problem by itself. The one answer ``replicron status``, its ``--check``, the
+        status page and :meth:`problems` render."""
+        name = view.job
+        found: list[Problem] = []
+        if view.overdue_since is not None:
+            late = how_long(self.read_at - view.overdue_since)
+            hint = ""
+            if self.unscheduled(view):
+                hint = (
+                    " (no live replica schedules it: if it was dropped on purpose, "
+                    f"`replicron forget {name}`)"
                 )
-            if view.drift:
-                shapes = "; ".join(f"{r.replica_id}: {r.trigger}" for r in view.drift)
-                lines.append(f"{name}: definition drift between replicas ({shapes})")
-            if view.last_outcome in _FAILED_OUTCOMES and (
-                view.registered or self._recent(view.last_finished_at or view.last_scheduled_at)
-            ):
-                error = f": {view.last_error}" if view.last_error else ""
-                at = _iso(view.last_scheduled_at)
-                lines.append(f"{name}: last run {view.last_outcome} (tick {at}){error}")
-            for replica, run_id in view.blocked_by:
-                lines.append(
-                    f"{name}: blocked: run {run_id} of replica {replica} stopped heartbeating "
-                    "while its session may hold the job's lock"
+            found.append(
+                Problem(
+                    name,
+                    ProblemKind.OVERDUE,
+                    f"overdue: the tick due at {_iso(view.overdue_since)} has no run {late} "
+                    f"after it{hint}",
                 )
-        return lines
+            )
+        if view.drift:
+            shapes = "; ".join(f"{r.replica_id}: {r.trigger}" for r in view.drift)
+            found.append(
+                Problem(name, ProblemKind.DRIFT, f"definition drift between replicas ({shapes})")
+            )
+        outcome = view.outcome
+        if (
+            outcome is not None
+            and outcome.is_failure
+            and (view.registered or self._recent(view.last_finished_at or view.last_scheduled_at))
+        ):
+            error = f": {view.last_error}" if view.last_error else ""
+            text = f"last run {outcome.value} (tick {_iso(view.last_scheduled_at)}){error}"
+            found.append(Problem(name, ProblemKind.LAST_RUN_FAILED, text))
+        for replica, run_id in view.blocked_by:
+            found.append(
+                Problem(
+                    name,
+                    ProblemKind.BLOCKED,
+                    f"run {run_id} of replica {replica} stopped heartbeating while its session "
+                    "may hold the job's lock: the job is blocked",
+                )
+            )
+        return tuple(found)
+
+    def unscheduled(self, view: JobView) -> bool:
+        """No live replica schedules ``view``'s job while some replica is alive: dropped
+        from the code, or its replicas are gone and others are not."""
+        return not view.scheduled_by and any(r.alive for r in self.replicas)
 
     def _recent(self, instant: datetime | None) -> bool:
         return instant is not None and self.read_at - instant < _HISTORY
@@ -367,18 +409,6 @@ def _iso(instant: datetime | None) -> str | None:
     if instant is None:
         return None
     return instant.astimezone(UTC).isoformat(timespec="seconds")
-
-
-def how_long(delta: timedelta) -> str:
-    """``delta`` for a person: seconds, minutes, hours or days."""
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} days"
 
 
 def _job_json(view: JobView) -> dict[str, Any]:

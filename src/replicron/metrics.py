@@ -138,23 +138,13 @@ class _Hooks(Listener):
     def __init__(self, collector: ReplicronCollector) -> None:
         self._collector = collector
 
-    def after_success(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.SUCCEEDED)
+    def _count_run(self, event: RunEvent) -> None:
+        self._collector._count_run(event)
 
-    def after_failure(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.FAILED)
-
-    def on_timeout(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.TIMED_OUT)
-
-    def on_skipped(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.SKIPPED_OVERLAP)
-
-    def on_missed(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.MISSED)
-
-    def on_abandoned(self, event: RunEvent) -> None:
-        self._collector._count_run(event, Outcome.ABANDONED)
+    # Every hook of a tick's outcome: the event says which outcome it was (one hook reports
+    # skipped_overlap, skipped_limit and paused).
+    after_success = after_failure = on_timeout = _count_run
+    on_skipped = on_missed = on_abandoned = _count_run
 
     def on_lock_error(self, event: RunEvent) -> None:
         self._collector._count_lock_error()
@@ -221,18 +211,20 @@ class ReplicronCollector:
 
     # ---- what the scheduler tells (on its loop) ------------------------------------------
 
-    def _count_run(self, event: RunEvent, hook_outcome: Outcome) -> None:
-        # The event's own outcome tells apart what one hook reports (skipped_overlap or
-        # skipped_limit, paused); the hook's is the fallback.
-        outcome = (event.outcome or hook_outcome).value
-        duration, lateness = event.duration, event.lateness
+    def _count_run(self, event: RunEvent) -> None:
+        outcome = event.outcome
+        if outcome is None:  # the scheduler tells every outcome's hook which one it was
+            return
+        # Only a run has a duration (one that ended) and a lateness.
+        duration = event.duration if outcome.ran else None
+        lateness = event.lateness if outcome.ran else None
         with self._lock:
             runs = self._runs.get(event.job)
             if runs is None:
                 runs = self._runs[event.job] = _JobRuns(
                     _Histogram(len(self._duration_bounds)), _Histogram(len(self._lateness_bounds))
                 )
-            runs.outcomes[outcome] = runs.outcomes.get(outcome, 0) + 1
+            runs.outcomes[outcome.value] = runs.outcomes.get(outcome.value, 0) + 1
             if duration is not None:
                 runs.duration.observe(self._duration_bounds, max(duration.total_seconds(), 0.0))
             if lateness is not None and not event.manual:

@@ -1,14 +1,19 @@
-"""`replicron next`, run as a real process (the console script) and in-process."""
+"""`replicron next`, run as a real process (the console script) and in-process; how
+`replicron status` prints a status."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from replicron._cli_status import print_status
 from replicron.cli import main
+from replicron.cluster import JobStatus, Registration, ReplicaStatus, build_status
+from tests.helpers import z
 
 REPLICRON = [sys.executable, "-m", "replicron.cli"]
 
@@ -91,3 +96,35 @@ def test_the_version_and_a_help_written_for_people(command: list[str]) -> None:
     )
     assert "Scheduled jobs run exactly once across replicas" in helped.stdout
     assert "``" not in helped.stdout  # no docstring markup
+
+
+def test_status_notes_and_check_word_each_problem_alike(capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's notes and ``--check`` print the status's problems in the same words; the
+    table adds what else to know (a failed run's error) and leaves out what its row says."""
+    now = z(2026, 6, 1, 12)
+    tick = now - timedelta(minutes=10)
+    rows = [
+        JobStatus("broken", "r1", tick, tick, tick, "failed", "RuntimeError: disk full", None,
+                  (), 0, (("r2", 7),), tick),
+        JobStatus("crowded", "r1", tick, None, None, "skipped_overlap", "still running", tick,
+                  (), 0, (), tick),
+    ]  # fmt: skip
+    registrations = [
+        Registration(job, replica, "every(minutes=5)", fingerprint, timedelta(minutes=1),
+                     (now + timedelta(minutes=1),), now, True)
+        for job, replica, fingerprint in [("broken", "r1", "a"), ("broken", "r2", "b"),
+                                          ("crowded", "r1", "a")]
+    ]  # fmt: skip
+    replicas = [ReplicaStatus(name, None, None, now, now, True) for name in ("r1", "r2")]
+    status = build_status("", now, rows, registrations, [], replicas)
+
+    assert print_status(status, {}, as_json=False, check=True) == 1
+    assert capsys.readouterr().out.splitlines() == status.problems()
+    assert print_status(status, {}, as_json=False, check=False) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[-2:] == ["DRIFT,BLOCKED", "0"]
+    assert table[2].split()[-2:] == ["ok", "0"]
+    drift, failed, blocked = status.problems()
+    assert failed.startswith("broken: last run failed")
+    assert table[3:6] == [drift, blocked, "broken: last error: RuntimeError: disk full"]
+    assert table[6] == ""  # no note of crowded: a skipped tick's detail is no run's error

@@ -16,8 +16,11 @@ from replicron.cluster import (
     MOST_EXPECTED,
     JobStatus,
     Pause,
+    Problem,
+    ProblemKind,
     Registration,
     ReplicaStatus,
+    Severity,
     build_status,
 )
 from replicron.testing import FakeClock
@@ -429,3 +432,61 @@ def test_a_failure_of_a_job_nobody_registers_is_history_after_a_day(
     assert [line.startswith("dropped: last run failed") for line in status.problems()] == (
         [True] if problem else []
     )
+
+
+def test_each_problem_is_a_typed_value_and_problems_are_their_lines() -> None:
+    """One decision, read by every surface: the kind and severity for the page's badges and
+    colours, the text for the lines of ``--check`` and the table's notes."""
+    failed = JobStatus(
+        "f", "r1", NOW, NOW, NOW, "timed_out", None, None, (), 0, (("r2", 7), ("r3", 9)), NOW
+    )
+    status = build_status(
+        "", NOW, [failed, ledger("late", NOW - timedelta(minutes=10))],
+        [registration("f", "r1", None), registration("f", "r2", None, fp="b"),
+         registration("late", "r9", NOW - timedelta(minutes=5), alive=False)],
+        [], [replica("r1", NOW, True), replica("r2", NOW, True)],
+    )  # fmt: skip
+    f, late = status.jobs
+    found = status.job_problems(f)
+    assert [(p.job, p.kind, p.severity) for p in found] == [
+        ("f", ProblemKind.DRIFT, Severity.WARNING),
+        ("f", ProblemKind.LAST_RUN_FAILED, Severity.ERROR),
+        ("f", ProblemKind.BLOCKED, Severity.ERROR),
+        ("f", ProblemKind.BLOCKED, Severity.ERROR),
+    ]
+    assert found[1].text == "last run timed_out (tick 2026-06-01T12:00:00+00:00)"
+    assert found[2].line == (
+        "f: run 7 of replica r2 stopped heartbeating while its session may hold the job's "
+        "lock: the job is blocked"
+    )
+    [overdue] = status.job_problems(late)
+    assert overdue == Problem(
+        "late",
+        ProblemKind.OVERDUE,
+        "overdue: the tick due at 2026-06-01T11:55:00+00:00 has no run 5 min after it (no live "
+        "replica schedules it: if it was dropped on purpose, `replicron forget late`)",
+    )
+    assert status.unscheduled(late)
+    assert not status.unscheduled(f)
+    assert status.problems() == [p.line for p in (*found, overdue)]
+    assert status.to_json()["problems"] == status.problems()
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_only_a_run_that_went_wrong_is_a_last_run_problem(outcome: Outcome) -> None:
+    status = build_status(
+        "", NOW, [ledger("j", NOW, outcome.value)], [registration("j", "r1", None)], [],
+        [replica("r1", NOW, True)],
+    )  # fmt: skip
+    [view] = status.jobs
+    assert view.outcome is outcome
+    kinds = [p.kind for p in status.job_problems(view)]
+    assert kinds == ([ProblemKind.LAST_RUN_FAILED] if outcome.is_failure else [])
+
+
+def test_an_outcome_this_version_does_not_know_is_no_problem() -> None:
+    status = build_status("", NOW, [ledger("j", NOW, "postponed")], [], [], [])
+    [view] = status.jobs
+    assert view.last_outcome == "postponed"
+    assert view.outcome is None
+    assert status.problems() == []

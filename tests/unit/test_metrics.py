@@ -16,6 +16,7 @@ from replicron import (
     ConfigurationError,
     MemoryBackend,
     Outcome,
+    RunEvent,
     Scheduler,
     every,
 )
@@ -263,6 +264,33 @@ def test_a_paused_job_counts_its_ticks_as_paused_not_skipped(setup: Setup) -> No
     assert setup.runs("ok", Outcome.SKIPPED_OVERLAP) == 0
     assert setup.runs("ok", Outcome.SUCCEEDED) == 0
     assert setup.value("replicron_job_duration_seconds_count", job="ok") == 0
+
+
+#: The listener hook that reports each outcome (see ``Listener``).
+HOOK = {
+    Outcome.SUCCEEDED: "after_success",
+    Outcome.FAILED: "after_failure",
+    Outcome.TIMED_OUT: "on_timeout",
+    Outcome.SKIPPED_OVERLAP: "on_skipped",
+    Outcome.SKIPPED_LIMIT: "on_skipped",
+    Outcome.PAUSED: "on_skipped",
+    Outcome.MISSED: "on_missed",
+    Outcome.ABANDONED: "on_abandoned",
+}
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_each_outcome_is_counted_as_its_hook_reports_it(setup: Setup, outcome: Outcome) -> None:
+    """Whichever hook the scheduler calls, the event's outcome is what is counted; only a
+    run that ended has a duration, only a run a lateness."""
+    started = T[1] + timedelta(seconds=2) if outcome.ran else None
+    finished = started and started + timedelta(seconds=1)
+    event = RunEvent("ok", T[1], "r1", 1, outcome, started, finished)
+    getattr(setup.collector._hooks, HOOK[outcome])(event)
+    assert [o for o in Outcome if setup.runs("ok", o)] == [outcome]
+    ran = 1 if outcome.ran else 0
+    assert setup.value("replicron_job_duration_seconds_count", job="ok") == ran
+    assert setup.value("replicron_job_lateness_seconds_count", job="ok") == ran
 
 
 def test_backend_failures_are_counted_as_lock_errors() -> None:

@@ -509,3 +509,49 @@ def test_an_async_scheduler_is_a_source() -> None:
     assert "FAILED" in response.text
     assert "ValueError: row 7 has no id" in response.text
     assert "import-rows: last run failed" in response.text
+
+
+def test_the_page_shows_the_problems_the_status_has_and_no_others() -> None:
+    """A failure of a job no replica registers is history after a day: not a problem for
+    ``problems()`` and ``--check``, so not FAILED on the page either."""
+    long_ago = NOW - timedelta(days=2)
+    history = job_view(
+        "dropped", trigger=None, registered=False, scheduled_by=(), last_outcome="failed",
+        last_error="RuntimeError: gone", last_scheduled_at=long_ago, last_started_at=long_ago,
+        last_finished_at=long_ago, next_due=None,
+    )  # fmt: skip
+    recent = replace(history, job="dropped-today", last_finished_at=NOW - timedelta(hours=2))
+    status = cluster(history, recent)
+    assert status.problems() == [
+        f"dropped-today: last run failed (tick {long_ago.isoformat()}): RuntimeError: gone"
+    ]
+    page = call(status_app(Source(status))).text
+    assert "<title>(1) replicron · prod</title>" in page
+    rows = {row.split('<div class="job">')[1].split("<")[0]: row for row in page.split("<tr")[2:4]}
+    assert list(rows) == ["dropped-today", "dropped"]  # the one to act on first
+    assert rows["dropped-today"].startswith(' class="bad"')
+    assert ">FAILED<" in rows["dropped-today"]
+    assert rows["dropped"].startswith(">")
+    assert ">FAILED<" not in rows["dropped"]
+    assert ">UNREGISTERED<" in rows["dropped"]
+    assert "RuntimeError: gone" in rows["dropped"]  # still its last error, as a fact
+    assert '<div class="n num">1</div><div class="l">Failing</div>' in page
+
+
+def test_a_job_has_one_badge_per_kind_of_problem_the_worst_first() -> None:
+    drifted = job_view(
+        "sync",
+        last_outcome="abandoned",
+        overdue_since=NOW - timedelta(minutes=3),
+        blocked_by=(("web-8", 5), ("web-9", 6)),
+        drift=(drift_registration("web-1", "every(1 min)"),
+               drift_registration("web-2", "every(2 min)")),
+    )  # fmt: skip
+    status = cluster(drifted)
+    assert len(status.problems()) == 5
+    page = call(status_app(Source(status))).text
+    row = page.split("<tr")[2]
+    badges = [part.split("<")[0] for part in row.split('<span class="badge ')[1:]]
+    assert badges == ['bad">ABANDONED', 'bad">BLOCKED', 'warn">OVERDUE', 'warn">DRIFT']
+    assert "blocked by a frozen run: web-8 (run 5), web-9 (run 6)" in row
+    assert "<title>(5) replicron · prod</title>" in page

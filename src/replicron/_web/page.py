@@ -12,22 +12,21 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from replicron.cluster import ClusterStatus, JobView, ReplicaStatus
+from replicron.cluster import ClusterStatus, JobView, Problem, ProblemKind, ReplicaStatus, Severity
 from replicron.dsn import mask_dsn
+from replicron.events import Outcome
 
 from .style import STYLE
 
 __all__ = ["error_page", "status_page"]
 
-_FAILED = {"failed": "FAILED", "timed_out": "TIMED OUT", "abandoned": "ABANDONED"}
-_OUTCOME_CLASS = {
-    "succeeded": "ok",
-    "failed": "bad",
-    "timed_out": "bad",
-    "abandoned": "bad",
-    "missed": "warn",
-    "skipped_overlap": "warn",
-    "skipped_limit": "warn",
+#: A problem's colour, and where its job comes in the table (jobs without one come last).
+_SEVERITY_CLASS = {Severity.ERROR: "bad", Severity.WARNING: "warn"}
+_SEVERITY_RANK = {Severity.ERROR: 0, Severity.WARNING: 1}
+_BADGE = {
+    ProblemKind.OVERDUE: "OVERDUE",
+    ProblemKind.BLOCKED: "BLOCKED",
+    ProblemKind.DRIFT: "DRIFT",
 }
 #: A dot in the tab's icon: the state of the cluster at a glance, among other tabs.
 _ICON = (
@@ -63,15 +62,15 @@ def _e(text: object) -> str:
 
 def status_page(status: ClusterStatus, *, title: str, refresh: float, base: str) -> str:
     """The whole page. ``base`` is the path the app is mounted at (no trailing slash)."""
-    problems = [mask_dsn(line) for line in status.problems()]
+    jobs = [(view, status.job_problems(view)) for view in status.jobs]
+    problems = [mask_dsn(problem.line) for _, found in jobs for problem in found]
     now = status.read_at
-    jobs = sorted(status.jobs, key=_severity)
     body = "".join(
         (
             _header(status, title, refresh, base),
-            _tiles(status),
+            _tiles(status, jobs),
             _problems(problems),
-            _section("Jobs", _jobs_table(jobs, now), len(status.jobs)),
+            _section("Jobs", _jobs_table(sorted(jobs, key=_order), now), len(status.jobs)),
             _section("Replicas", _replicas_table(status.replicas, now), len(status.replicas)),
             _footer(now, refresh, base),
         )
@@ -132,12 +131,11 @@ def _header(status: ClusterStatus, title: str, refresh: float, base: str) -> str
     )
 
 
-def _tiles(status: ClusterStatus) -> str:
-    jobs = status.jobs
-    failing = sum(1 for j in jobs if j.last_outcome in _FAILED or j.blocked_by)
-    overdue = sum(1 for j in jobs if j.overdue)
-    running = sum(1 for j in jobs if j.running)
-    paused = sum(1 for j in jobs if j.paused is not None)
+def _tiles(status: ClusterStatus, jobs: list[_Job]) -> str:
+    failing = sum(1 for _, found in jobs if _worst(found) is Severity.ERROR)
+    overdue = sum(1 for _, found in jobs if any(p.kind is ProblemKind.OVERDUE for p in found))
+    running = sum(1 for view, _ in jobs if view.running)
+    paused = sum(1 for view, _ in jobs if view.paused is not None)
     alive = sum(1 for r in status.replicas if r.alive)
     tiles = (
         ("Jobs", str(len(jobs)), "info"),
@@ -180,27 +178,31 @@ def _footer(now: datetime, refresh: float, base: str) -> str:
 # ---- jobs -------------------------------------------------------------------------------
 
 
-def _severity(view: JobView) -> tuple[int, str]:
-    """Jobs to act on first, then the rest, each by name."""
-    if view.last_outcome in _FAILED or view.blocked_by:
-        rank = 0
-    elif view.overdue or view.drift:
-        rank = 1
-    else:
-        rank = 2
-    return rank, view.job
+#: A job and its problems.
+_Job = tuple[JobView, tuple[Problem, ...]]
 
 
-def _jobs_table(jobs: Iterable[JobView], now: datetime) -> str:
-    rows = "".join(_job_row(view, now) for view in jobs)
+def _worst(problems: Iterable[Problem]) -> Severity | None:
+    return min((p.severity for p in problems), key=_SEVERITY_RANK.__getitem__, default=None)
+
+
+def _order(job: _Job) -> tuple[int, str]:
+    """Jobs to act on first, the worst first, then the rest, each by name."""
+    view, problems = job
+    worst = _worst(problems)
+    return (len(_SEVERITY_RANK) if worst is None else _SEVERITY_RANK[worst]), view.job
+
+
+def _jobs_table(jobs: Iterable[_Job], now: datetime) -> str:
+    rows = "".join(_job_row(view, problems, now) for view, problems in jobs)
     if not rows:
         return '<div class="panel allgood none">No jobs registered or run yet.</div>'
     return _table("jobs", _JOB_COLUMNS, rows)
 
 
-def _job_row(view: JobView, now: datetime) -> str:
-    badges, details = _job_state(view, now)
-    row_class = next((k for k in ("bad", "warn") if any(c == k for _, c in badges)), "")
+def _job_row(view: JobView, problems: tuple[Problem, ...], now: datetime) -> str:
+    badges, details = _job_state(view, problems, now)
+    worst = _worst(problems)
     trigger = (
         f'<div class="trigger mono">{_e(view.trigger)}</div>'
         if view.trigger
@@ -213,10 +215,8 @@ def _job_row(view: JobView, now: datetime) -> str:
         if view.missed
         else '<span class="num none">0</span>'
     )
-    error = (
-        f'<div class="error mono">{_e(mask_dsn(view.last_error))}</div>'
-        if view.last_error
-        else '<span class="none">—</span>'
+    error = _or_dash(
+        view.last_error and f'<div class="error mono">{_e(mask_dsn(view.last_error))}</div>'
     )
     cells = (
         ("Job", f'<div class="job">{_e(view.job)}</div>{trigger}{_scheduled_by(view)}', "lead"),
@@ -228,7 +228,12 @@ def _job_row(view: JobView, now: datetime) -> str:
         ("Last error", error, ""),
     )
     tds = "".join(_td(*cell) for cell in cells)
-    return f'<tr class="{row_class}">{tds}</tr>' if row_class else f"<tr>{tds}</tr>"
+    return f'<tr class="{_SEVERITY_CLASS[worst]}">{tds}</tr>' if worst else f"<tr>{tds}</tr>"
+
+
+def _or_dash(content: str | None) -> str:
+    """``content``, or a dash where there is none."""
+    return content or '<span class="none">—</span>'
 
 
 def _td(label: str, content: str, css_class: str) -> str:
@@ -237,29 +242,22 @@ def _td(label: str, content: str, css_class: str) -> str:
     return f'<td data-label="{_e(label)}"{attrs}><div>{content}</div></td>'
 
 
-def _job_state(view: JobView, now: datetime) -> tuple[list[tuple[str, str]], list[str]]:
-    """The job's state as words with a colour each, and a line of detail per notable one."""
+def _job_state(
+    view: JobView, problems: tuple[Problem, ...], now: datetime
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The job's problems (worst first, one badge a kind) and states as words with a colour
+    each, and a line of detail per notable one."""
     badges: list[tuple[str, str]] = []
     details: list[str] = []
-    if view.last_outcome in _FAILED:
-        badges.append((_FAILED[view.last_outcome], "bad"))
-    if view.overdue_since is not None:
-        badges.append(("OVERDUE", "warn"))
-        details.append(
-            f'<div class="detail warn">tick due {_e(_short(view.overdue_since, now))} has no '
-            f"run ({_e(_span(now - view.overdue_since))} late)</div>"
-        )
-    if view.blocked_by:
-        badges.append(("BLOCKED", "bad"))
-        who = ", ".join(f"{_e(r)} (run {run})" for r, run in view.blocked_by)
-        details.append(f'<div class="detail bad">blocked by a frozen run: {who}</div>')
-    if view.drift:
-        badges.append(("DRIFT", "warn"))
-        shapes = "".join(
-            f'<div><b>{_e(r.replica_id)}</b>: <span class="mono">{_e(r.trigger)}</span></div>'
-            for r in view.drift
-        )
-        details.append(f'<div class="detail warn">replicas disagree:{shapes}</div>')
+    worst_first = sorted(problems, key=lambda p: _SEVERITY_RANK[p.severity])
+    kinds = dict.fromkeys(p.kind for p in worst_first)  # one badge a kind, in that order
+    for kind in kinds:
+        if kind is ProblemKind.LAST_RUN_FAILED:
+            word = (view.last_outcome or "").replace("_", " ").upper()
+        else:
+            word = _BADGE[kind]
+        badges.append((word, _SEVERITY_CLASS[kind.severity]))
+        details += _problem_detail(kind, view, now)
     if view.running:
         badges.append(("RUNNING", "info"))
         who = ", ".join(f"{_e(r)} (run {run})" for r, run in view.running)
@@ -271,8 +269,35 @@ def _job_state(view: JobView, now: datetime) -> tuple[list[tuple[str, str]], lis
             f"{_e(_span(now - view.paused.paused_at))} ago</div>"
         )
     if not badges:
-        badges.append(("OK", "ok") if view.last_outcome is not None else ("NO RUNS YET", "mute"))
+        badges.append(_quiet_badge(view))
     return badges, details
+
+
+def _problem_detail(kind: ProblemKind, view: JobView, now: datetime) -> list[str]:
+    """A problem's facts, shorter than its line in the problems panel above."""
+    if kind is ProblemKind.OVERDUE and view.overdue_since is not None:
+        return [
+            f'<div class="detail warn">tick due {_e(_short(view.overdue_since, now))} has no '
+            f"run ({_e(_span(now - view.overdue_since))} late)</div>"
+        ]
+    if kind is ProblemKind.BLOCKED:
+        who = ", ".join(f"{_e(r)} (run {run})" for r, run in view.blocked_by)
+        return [f'<div class="detail bad">blocked by a frozen run: {who}</div>']
+    if kind is ProblemKind.DRIFT:
+        shapes = "".join(
+            f'<div><b>{_e(r.replica_id)}</b>: <span class="mono">{_e(r.trigger)}</span></div>'
+            for r in view.drift
+        )
+        return [f'<div class="detail warn">replicas disagree:{shapes}</div>']
+    return []  # a failed run: its outcome and error have columns of their own
+
+
+def _quiet_badge(view: JobView) -> tuple[str, str]:
+    """The badge of a job with nothing to act on, running or paused."""
+    if view.last_outcome is None:
+        return "NO RUNS YET", "mute"
+    # A job no replica registers any more: whatever its last run, that is history.
+    return ("OK", "ok") if view.registered else ("UNREGISTERED", "mute")
 
 
 def _scheduled_by(view: JobView) -> str:
@@ -288,7 +313,7 @@ def _last_run(view: JobView, now: datetime) -> str:
     if view.last_outcome is None and view.last_scheduled_at is None:
         return '<span class="none">never</span>'
     outcome = view.last_outcome or "running"
-    kind = _OUTCOME_CLASS.get(outcome, "")
+    kind = _outcome_class(view.outcome)
     parts = [f'<span class="outcome {kind}">{_e(outcome.replace("_", " "))}</span>']
     if view.last_scheduled_at is not None:
         parts.append(f" · {_when(view.last_scheduled_at, now, prefix='tick ')}")
@@ -301,6 +326,14 @@ def _last_run(view: JobView, now: datetime) -> str:
     if extra:
         parts.append(f'<div class="small">{" · ".join(extra)}</div>')
     return "".join(parts)
+
+
+def _outcome_class(outcome: Outcome | None) -> str:
+    if outcome is None or outcome is Outcome.PAUSED:
+        return ""
+    if outcome.is_failure:
+        return "bad"
+    return "ok" if outcome.ran else "warn"  # missed or skipped: a tick that did not run
 
 
 # ---- replicas -----------------------------------------------------------------------------
@@ -330,11 +363,8 @@ def _replica_row(replica: ReplicaStatus, now: datetime) -> str:
         else '<span class="badge mute">GONE</span>'
     )
     pid = f'<div class="small">pid {replica.backend_pid}</div>' if replica.backend_pid else ""
-    jobs = (
-        f'<span class="mono">{_e(", ".join(replica.jobs))}</span>'
-        if replica.jobs
-        else '<span class="none">—</span>'
-    )
+    names = ", ".join(replica.jobs)
+    jobs = _or_dash(names and f'<span class="mono">{_e(names)}</span>')
     cells = (
         ("Replica", f'<div class="job mono">{_e(replica.replica_id)}</div>{pid}', "lead"),
         ("State", state, ""),
