@@ -395,7 +395,7 @@ def test_refused_ticks_are_not_heartbeated_once_recorded(dsn: str) -> None:
                 assert refused.status is LOCKED
                 skipped = record(refused, "replica-b", Outcome.SKIPPED_OVERLAP)
                 await b.release([Release(skipped, False)])
-            assert b._open == set()
+            assert b._runs.to_heartbeat() == []
             rows = sql(dsn, "SELECT outcome, count(*) FROM replicron_runs GROUP BY 1 ORDER BY 1")
             assert rows == [("skipped_overlap", 3), (None, 1)]
 
@@ -502,7 +502,7 @@ def test_runs_pruned_by_retention_still_count_against_max_runs(dsn: str) -> None
                     " now() - interval '30 days', %s)",
                     [tick(n), outcome],
                 )
-            await a._janitor()
+            await a._housekeeper.janitor()
             claims = await a.claim([
                 ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned + tick 4
                 ClaimRequest("sync", tick(5), False, max_runs=3),
