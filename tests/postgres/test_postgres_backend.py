@@ -252,7 +252,7 @@ def test_lock_keys_are_sent_as_signed_bigint(dsn: str, job: str) -> None:
             ]
             assert held_keys(dsn) == {signed: pid}
             # ... found by the heartbeat's own look at pg_locks (no false "lock lost") ...
-            await backend._heartbeat()
+            await backend._housekeeper.heartbeat()
             assert lost == []
             # ... and dropped by the release query.
             await release(backend, record(won, "replica-a"), unlock=True)
@@ -261,7 +261,7 @@ def test_lock_keys_are_sent_as_signed_bigint(dsn: str, job: str) -> None:
             queued = await claim(backend, job, 2, lock=False)
             assert await backend.lock(queued) is True
             assert held_keys(dsn) == {signed: pid}
-            await backend._heartbeat()
+            await backend._housekeeper.heartbeat()
             assert lost == []
             await release(backend, record(queued, "replica-a"), unlock=True)
             assert advisory_locks(dsn) == []
@@ -413,7 +413,7 @@ def test_heartbeat_refreshes_the_open_rows_of_the_replica(dsn: str) -> None:
             await release(a, record(done, "replica-a"), unlock=False)
             theirs = await claim(b, "report", 2, lock=False)
             sql(dsn, "UPDATE replicron_runs SET heartbeat_at = now() - interval '1 day'")
-            await a._heartbeat()
+            await a._housekeeper.heartbeat()
             fresh = sql(
                 dsn,
                 "SELECT run_id, heartbeat_at > now() - interval '1 hour' FROM replicron_runs"
@@ -473,7 +473,7 @@ def test_janitor_abandons_open_ticks_whose_heartbeat_is_stale(dsn: str) -> None:
                 " WHERE run_id = %s",
                 [waiting.run_id],
             )
-            await a._janitor()
+            await a._housekeeper.janitor()
             rows = sql(
                 dsn,
                 "SELECT namespace, job, outcome, error, finished_at IS NOT NULL"

@@ -8,8 +8,11 @@ inserted as this replica's; a fresh token would find them "taken" and leave them
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
+
+from ._session import BackendUnavailableError
 
 __all__ = ["ClaimTokens", "Tick"]
 
@@ -30,6 +33,18 @@ class ClaimTokens:
         """Each tick's remembered token, or one fresh token for the others."""
         fresh = uuid.uuid4()
         return [self._by_tick.get(tick, fresh) for tick in ticks]
+
+    @contextmanager
+    def attempt(self, ticks: Sequence[Tick]) -> Iterator[list[uuid.UUID]]:
+        """The tokens for a statement writing ``ticks``: remembered if it fails (it may have
+        written rows), forgotten once it answers."""
+        tokens = self.for_ticks(ticks)
+        try:
+            yield tokens
+        except BackendUnavailableError:
+            self.remember(ticks, tokens)
+            raise
+        self.forget(ticks)
 
     def remember(self, ticks: Sequence[Tick], tokens: Sequence[uuid.UUID]) -> None:
         """The statement failed: its rows may exist under these tokens."""

@@ -1,0 +1,205 @@
+"""PostgreSQL housekeeping: the heartbeat, the clock offset, the janitor, and what happens
+when the runs this replica holds are lost.
+
+Every ``heartbeat_interval`` the heartbeat refreshes the rows of this replica's open runs
+(renewing their lease), notes the replica as seen with its clock offset, learns its peers and
+checks that the lock session still holds its runs' locks; the outcomes whose write failed are
+written after it; every twelfth time the janitor records the open runs of dead replicas
+abandoned and prunes old rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+
+from ._advisory import refuse_pooler
+from ._lease import Lease
+from ._offset import OffsetEstimator
+from ._runs import HeldRuns
+from ._session import BackendUnavailableError
+from ._statements import Statements
+
+__all__ = ["OFFSET_WARNING", "Housekeeper"]
+
+#: The backend's records keep the logger they are documented under.
+logger = logging.getLogger("replicron.postgres.backend")
+
+#: A replica whose clock is off the database's by more than this is warned about.
+OFFSET_WARNING = 1.0
+#: The janitor runs with the loop's first heartbeat and every this many after it.
+JANITOR_EVERY = 12
+
+
+class Housekeeper:
+    """Keeps the replica's held runs (``runs``) alive and the ledger tidy, through the
+    backend's ``statements``, and tells ``on_lock_lost`` of the runs that must stop.
+    ``write_pending`` writes the outcomes that wait to be written."""
+
+    def __init__(
+        self,
+        statements: Statements,
+        *,
+        heartbeat_interval: float,
+        stale_after: float,
+        lease: float,
+        retention: timedelta,
+        fence_stale_holders: bool,
+        write_pending: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._statements = statements
+        self._interval = heartbeat_interval
+        self._stale_after = timedelta(seconds=stale_after)
+        self._retention = retention
+        self._fence = fence_stale_holders
+        self._write_pending = write_pending
+        self.runs = HeldRuns(Lease(lease, self._lease_expired))
+        self.replica_id = ""
+        self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
+        #: The replicas of the namespace seen by the last heartbeat, this one among them.
+        self.peers: frozenset[str] = frozenset()
+        self._offsets = OffsetEstimator()
+        self._offset_warned = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def offset(self) -> timedelta | None:
+        """How far the database's clock is ahead of this replica's (best recent sample)."""
+        return self._offsets.current  # from any thread: one reference, set by the loop
+
+    def attach(self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None]) -> None:
+        """Speak for ``replica_id`` from now on (before its session opens: it may be lost)."""
+        self.replica_id = replica_id
+        self._on_lock_lost = on_lock_lost
+
+    async def start(self) -> None:
+        for _ in range(3):  # the offset is needed before the first tick is planned
+            await self._sample_clock()
+        await self.heartbeat()  # seen by the other replicas, and seeing them, from the start
+        self._task = asyncio.get_running_loop().create_task(self._housekeep())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _housekeep(self) -> None:
+        beats = 0
+        while True:
+            await asyncio.sleep(self._interval)
+            beats += 1
+            try:
+                await self.heartbeat()
+                await self._write_pending()
+                if beats % JANITOR_EVERY == 1:
+                    await self.janitor()
+            except BackendUnavailableError as exc:
+                logger.warning("heartbeat failed: %s", exc, extra={"event": "lock_error"})
+            except Exception:
+                logger.exception("housekeeping failed", extra={"event": "lock_error"})
+
+    async def heartbeat(self) -> None:
+        """Refresh the open runs (and their lease), be seen with the clock offset, see the
+        peers; a locked run whose lock or row is gone here is lost."""
+        offset = self._offsets.current
+        sent = self.runs.to_heartbeat()
+        [(ours, db_now, refreshed, held, peers)] = await self._statements.fetch(
+            "heartbeat",
+            run_ids=sent,
+            replica=self.replica_id,
+            offset_ms=None if offset is None else offset.total_seconds() * 1000,
+            stale_after=self._stale_after,
+        )
+        self.peers = frozenset(peers) | {self.replica_id}
+        if not ours:  # advisory: it ran on another server session than the lock session's
+            refuse_pooler(self._statements, self.replica_id)
+        self._clock_sample(db_now)
+        unrefreshed = self.runs.heartbeaten(sent, refreshed, self._statements.sent_at())
+        # Advisory: the locks the session still holds by pg_locks.
+        lost = self.runs.locks.missing(held, unrefreshed)
+        if lost:
+            self.runs.locks.forget(lost)
+            self._lose(lost)
+
+    # ---- the clock offset ----------------------------------------------------------------
+
+    async def _sample_clock(self) -> None:
+        [(_, db_now)] = await self._statements.fetch("clock_sample")
+        self._clock_sample(db_now)
+
+    def _clock_sample(self, db_now: datetime) -> None:
+        self._offsets.add(db_now, *self._statements.round_trip())
+        ahead = -self._offsets.current.total_seconds() if self._offsets.current else 0.0
+        off = abs(ahead) > OFFSET_WARNING
+        if off and not self._offset_warned:
+            logger.warning(
+                "this replica's clock is %+.3f s off the database's; replicron schedules on "
+                "the database's clock, but fix the host's time synchronisation", ahead,
+                extra={"event": "clock_offset", "replica": self.replica_id},
+            )  # fmt: skip
+        self._offset_warned = off
+
+    # ---- the janitor and frozen holders --------------------------------------------------
+
+    async def janitor(self) -> None:
+        """Record the open runs of replicas that stopped heartbeating abandoned; prune old
+        rows and registrations."""
+        stale = await self._statements.fetch(
+            "abandon_stale", retry=True, stale_after=self._stale_after
+        )
+        for job, tick, replica in stale:
+            logger.warning(
+                "job %r tick %s: replica %s stopped heartbeating; recorded abandoned",
+                job, tick.isoformat(), replica,
+                extra={"event": "abandoned", "job": job, "tick": tick.isoformat(),
+                       "replica": self.replica_id},
+            )  # fmt: skip
+        await self._statements.fetch("prune", retention=self._retention, batch=1000)
+        await self._statements.fetch("prune_registry", retention=self._retention)
+
+    async def blocked_by_frozen(self, job: str, replica: str | None, pid: int) -> None:
+        """The job's lock is held by a session whose run stopped heartbeating: its replica is
+        frozen (or cut off in a way its server session does not notice)."""
+        fence = " (fencing it)" if self._fence else ""
+        logger.warning(
+            "job %r is blocked by replica %s: its heartbeat is stale but its server session "
+            "%s still holds the job's lock%s", job, replica, pid, fence,
+            extra={"event": "blocked", "job": job, "replica": self.replica_id},
+        )  # fmt: skip
+        if self._fence:
+            with contextlib.suppress(BackendUnavailableError):
+                await self._statements.fetch(
+                    "fence_stale_holder", job=job, replica=self.replica_id,
+                    stale_after=self._stale_after,
+                )  # fmt: skip
+
+    # ---- losing the session or the lease -------------------------------------------------
+
+    def session_lost(self) -> None:
+        """The lock session went, and every lock on it: their runs must stop."""
+        lost = self.runs.session_lost()
+        if lost:
+            self._lose(lost)
+
+    def _lease_expired(self, run_ids: list[int]) -> None:
+        logger.error(
+            "no heartbeat got through for %.1f s: stopping runs %s before other replicas may "
+            "take their jobs over", self.runs.lease.length, run_ids,
+            extra={"event": "lock_lost", "replica": self.replica_id},
+        )  # fmt: skip
+        self.runs.locks.forget(run_ids)
+        self._on_lock_lost(run_ids)
+        self._statements.invalidate()  # their locks must not outlive them (nor the others')
+
+    def _lose(self, run_ids: list[int]) -> None:
+        logger.error(
+            "lost the advisory locks of runs %s", run_ids,
+            extra={"event": "lock_lost", "replica": self.replica_id},
+        )  # fmt: skip
+        self.runs.lost(run_ids)
+        self._on_lock_lost(run_ids)

@@ -1,0 +1,64 @@
+"""The runs this replica holds, and the rules they are held by."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ._advisory import SessionLocks
+from ._lease import Lease
+
+__all__ = ["HeldRuns"]
+
+
+class HeldRuns:
+    """This replica's claimed, unfinished runs, heartbeated until they finish and never
+    after; of those, the ones holding their job's lock (``locks``), which run under the
+    ``lease``: they are told to stop once no heartbeat has proven them alive for its length.
+    """
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.locks = SessionLocks()
+        self._open: set[int] = set()
+
+    def claimed(self, run_id: int) -> None:
+        """A tick was claimed for this run: it is heartbeated from now until it finishes."""
+        self._open.add(run_id)
+
+    def locked(self, key: int, run_id: int, sent_at: float) -> None:
+        """The run holds its job's lock ``key``, taken by a statement sent at ``sent_at``."""
+        self.locks.hold(key, run_id)
+        self.lease.start(run_id, sent_at)
+
+    def finished(self, run_ids: Iterable[int]) -> None:
+        """These runs stop counting as running here at once: never heartbeated again."""
+        ended = list(run_ids)
+        self._open.difference_update(ended)
+        self.lease.end(ended)
+
+    def to_heartbeat(self) -> list[int]:
+        return sorted(self._open)
+
+    def heartbeaten(
+        self, sent: Sequence[int], refreshed: Sequence[int], sent_at: float
+    ) -> set[int]:
+        """A heartbeat sent at ``sent_at`` for the runs ``sent`` refreshed the rows
+        ``refreshed``: their lease is renewed. Returns the runs it did not refresh that are
+        still open: recorded by someone else meanwhile (a janitor that took them for dead),
+        they must stop."""
+        self.lease.renew(refreshed, sent_at)
+        return (set(sent) - set(refreshed)) & self._open
+
+    def lost(self, run_ids: Iterable[int]) -> None:
+        """These runs are told to stop: no lease of theirs runs on."""
+        self.lease.end(run_ids)
+
+    def session_lost(self) -> list[int]:
+        """The session went, and every lock on it: the runs that held one."""
+        lost = self.locks.drop_all()
+        self.lease.clear()
+        return lost
+
+    def close(self) -> None:
+        self.lease.clear()
+        self.locks.drop_all()
