@@ -26,12 +26,14 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 import pytest
 
+from replicron import Scheduler
 from replicron._schedule.tz import UTC
 from replicron.backends.base import Backend
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
 from replicron.backends.memory import MemoryBackend, MemoryState
 from replicron.postgres import PostgresBackend
-from tests.helpers import fresh_database
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, fresh_database
 
 T = TypeVar("T")
 
@@ -152,6 +154,15 @@ STORES: dict[str, Callable[[], AbstractContextManager[Store]]] = {
     "postgres": postgres_store,
     "embedded": embedded_store,
 }
+
+
+def replica(
+    store: Store, n: int, clock: FakeClock, recorder: Recorder, **options: Any
+) -> Scheduler:
+    """Replica ``r<n>``: a scheduler on its own handle on ``store``, telling ``recorder``."""
+    return Scheduler(
+        clock=clock, backend=store.new_handle(), replica_id=f"r{n}", listeners=[recorder], **options
+    )
 
 
 class Backends:

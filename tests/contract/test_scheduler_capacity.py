@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from replicron import Scheduler, current_run, every
+from replicron import current_run, every
 from replicron._engine.capacity import claim_margin
 from replicron.testing import FakeClock
-from tests.contract.conftest import STORES, Store
+from tests.contract.conftest import STORES, Store, replica
 from tests.helpers import Recorder, poll_until, z
 
 START = z(2026, 1, 1)
@@ -39,12 +39,9 @@ class Gated:
         self.clock = FakeClock(START)
         self.recorders = [Recorder() for _ in workers]
         self.schedulers = [
-            Scheduler(
-                clock=self.clock, backend=store.new_handle(), replica_id=f"r{i}",
-                listeners=[self.recorders[i]], max_workers=count,
-            )
+            replica(store, i, self.clock, self.recorders[i], max_workers=count)
             for i, count in enumerate(workers)
-        ]  # fmt: skip
+        ]
         self.gate = threading.Event()
         self.entered: list[tuple[str, str, datetime]] = []
         self._lock = threading.Lock()
@@ -55,12 +52,15 @@ class Gated:
             self.entered.append((run.replica_id, run.job_name, run.scheduled_at))
         assert self.gate.wait(20)
 
-    def add_jobs(self, count: int) -> list[str]:
+    def all_due_at_once(self, count: int) -> list[str]:
+        """``count`` jobs every 10 s on every scheduler, started, and the clock moved to T[1],
+        when they all fall due at once."""
         names = [f"job-{n:02}" for n in range(count)]
         for scheduler in self.schedulers:
             for name in names:
                 scheduler.add_job(every(seconds=10), self.task, name=name)
             scheduler.start()
+        self.clock.set(T[1])
         return names
 
     def claimed(self, at: datetime) -> Counter[str]:
@@ -113,8 +113,7 @@ def test_a_burst_is_shared_by_the_replicas_each_claiming_what_it_can_start(
     make: Make, store: Store
 ) -> None:
     gated: Gated = make([4, 4])
-    names = gated.add_jobs(16)
-    gated.clock.set(T[1])
+    names = gated.all_due_at_once(16)
     # Four threads and a margin of runs in hand each: that many claimed by each replica, the
     # others left for whoever frees a thread first.
     room = 4 + claim_margin(4)
@@ -132,8 +131,7 @@ def test_a_burst_is_shared_by_the_replicas_each_claiming_what_it_can_start(
 
 def test_a_replica_with_free_threads_takes_what_a_busy_one_left(make: Make) -> None:
     gated: Gated = make([1, 8])
-    gated.add_jobs(6)
-    gated.clock.set(T[1])
+    gated.all_due_at_once(6)
     # r0 can start one run; r1 has eight threads: all six start at once, though r0's one
     # thread would have had to run them one after another.
     assert claim_margin(1) == 0
@@ -148,8 +146,7 @@ def test_a_tick_nobody_had_a_thread_for_is_recorded_missed_when_its_job_is_due_a
     make: Make, store: Store
 ) -> None:
     gated: Gated = make([1, 1])
-    names = gated.add_jobs(6)
-    gated.clock.set(T[1])
+    names = gated.all_due_at_once(6)
     assert claim_margin(1) == 0  # one run each
     gated.wait_claimed(T[1], 2)
     started = {job for recorder in gated.recorders for job in _jobs(recorder, T[1])}
@@ -177,9 +174,8 @@ def test_ticks_left_for_others_are_recorded_when_the_last_replica_stops(
     make: Make, store: Store
 ) -> None:
     gated: Gated = make([1])
-    names = gated.add_jobs(4)
+    names = gated.all_due_at_once(4)
     scheduler = gated.schedulers[0]
-    gated.clock.set(T[1])
     gated.wait_claimed(T[1], 1)
     left = sorted(set(names) - set(_jobs(gated.recorders[0], T[1])))
     assert len(left) == 3

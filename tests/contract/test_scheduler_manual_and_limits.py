@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from replicron import Outcome, Scheduler, current_run, every
+from replicron import Outcome, current_run, every
 from replicron._schedule.tz import MICROSECOND
-from tests.contract.conftest import STORES, Store
+from tests.contract.conftest import STORES, Store, replica
 from tests.helpers import Recorder, poll_until, z
 
 START = z(2026, 1, 1)
@@ -33,13 +33,7 @@ class Replicas:
 
         self.clock = FakeClock(START)
         self.recorders = [Recorder(), Recorder()]
-        self.schedulers = [
-            Scheduler(
-                clock=self.clock, backend=store.new_handle(), replica_id=f"r{i}",
-                listeners=[self.recorders[i]],
-            )
-            for i in range(2)
-        ]  # fmt: skip
+        self.schedulers = [replica(store, i, self.clock, self.recorders[i]) for i in range(2)]
         self.ran: list[tuple[str, datetime, bool]] = []
         self._lock = threading.Lock()
 

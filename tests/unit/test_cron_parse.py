@@ -73,35 +73,6 @@ def test_minute_and_hour_fields(expression: str, pred: Pred) -> None:
     assert fires(expression, MINUTE_START, 12) == expected
 
 
-def test_step_restarts_every_hour() -> None:
-    # */7 is 0,7,...,56 within each hour; the gap from :56 to the next :00 is 4 minutes.
-    assert fires("*/7 * * * *", utc(2024, 1, 1, 10, 50), 4) == [
-        utc(2024, 1, 1, 10, 56),
-        utc(2024, 1, 1, 11, 0),
-        utc(2024, 1, 1, 11, 7),
-        utc(2024, 1, 1, 11, 14),
-    ]
-
-
-def test_range_with_step_by_hand() -> None:
-    assert fires("1-30/7 * * * *", utc(2024, 1, 1, 10, 0), 6) == [
-        utc(2024, 1, 1, 10, 1),
-        utc(2024, 1, 1, 10, 8),
-        utc(2024, 1, 1, 10, 15),
-        utc(2024, 1, 1, 10, 22),
-        utc(2024, 1, 1, 10, 29),
-        utc(2024, 1, 1, 11, 1),
-    ]
-
-
-def test_step_larger_than_range_gives_first_value_only() -> None:
-    assert fires("*/70 * * * *", utc(2024, 1, 1, 10, 0), 3) == [
-        utc(2024, 1, 1, 11, 0),
-        utc(2024, 1, 1, 12, 0),
-        utc(2024, 1, 1, 13, 0),
-    ]
-
-
 # --- day-of-month, month and day-of-week fields: walk every midnight ------------------------
 
 DAY_START = utc(2023, 12, 31)  # a Sunday
@@ -162,23 +133,57 @@ def test_sunday_spellings_by_hand(expression: str) -> None:
     ]
 
 
-def test_weekday_range_5_7_is_fri_sat_sun_by_hand() -> None:
-    assert fires("0 0 * * 5-7", utc(2024, 5, 6), 4) == [
-        utc(2024, 5, 10),
-        utc(2024, 5, 11),
-        utc(2024, 5, 12),
-        utc(2024, 5, 17),
-    ]
+# --- fire times written out by hand ---------------------------------------------------------
+
+BY_HAND = [
+    pytest.param(
+        "*/7 * * * *",
+        utc(2024, 1, 1, 10, 50),
+        # 0,7,...,56 within each hour: the gap from :56 to the next :00 is 4 minutes.
+        [utc(2024, 1, 1, 10, 56), utc(2024, 1, 1, 11, 0), utc(2024, 1, 1, 11, 7),
+         utc(2024, 1, 1, 11, 14)],
+        id="step-restarts-every-hour",
+    ),
+    pytest.param(
+        "1-30/7 * * * *",
+        utc(2024, 1, 1, 10, 0),
+        [utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 8), utc(2024, 1, 1, 10, 15),
+         utc(2024, 1, 1, 10, 22), utc(2024, 1, 1, 10, 29), utc(2024, 1, 1, 11, 1)],
+        id="range-with-step",
+    ),
+    pytest.param(
+        "*/70 * * * *",
+        utc(2024, 1, 1, 10, 0),
+        [utc(2024, 1, 1, 11, 0), utc(2024, 1, 1, 12, 0), utc(2024, 1, 1, 13, 0)],
+        id="step-larger-than-range-gives-first-value-only",
+    ),
+    pytest.param(
+        "0 0 * * 5-7",
+        utc(2024, 5, 6),
+        [utc(2024, 5, 10), utc(2024, 5, 11), utc(2024, 5, 12), utc(2024, 5, 17)],
+        id="weekday-range-5-7-is-fri-sat-sun",
+    ),
+    pytest.param(
+        "0 0 * * */2",
+        utc(2024, 5, 6),
+        [utc(2024, 5, 7), utc(2024, 5, 9), utc(2024, 5, 11), utc(2024, 5, 12),
+         utc(2024, 5, 14)],
+        id="weekday-every-second-day-is-sun-tue-thu-sat",
+    ),
+    pytest.param(
+        "0 0 31 2 mon",
+        utc(2024, 1, 1),
+        # Neither day field starts with '*', so the days are ORed: every Monday in February.
+        [utc(2024, 2, 5), utc(2024, 2, 12), utc(2024, 2, 19), utc(2024, 2, 26),
+         utc(2025, 2, 3)],
+        id="impossible-day-of-month-is-fine-when-day-of-week-can-match",
+    ),
+]  # fmt: skip
 
 
-def test_weekday_every_second_day_is_sun_tue_thu_sat_by_hand() -> None:
-    assert fires("0 0 * * */2", utc(2024, 5, 6), 5) == [
-        utc(2024, 5, 7),
-        utc(2024, 5, 9),
-        utc(2024, 5, 11),
-        utc(2024, 5, 12),
-        utc(2024, 5, 14),
-    ]
+@pytest.mark.parametrize(("expression", "after", "expected"), BY_HAND)
+def test_by_hand(expression: str, after: datetime, expected: list[datetime]) -> None:
+    assert fires(expression, after, len(expected)) == expected
 
 
 # --- rejections -----------------------------------------------------------------------------
@@ -307,17 +312,6 @@ def test_february_29_is_accepted_and_fires_only_in_leap_years() -> None:
     ]
     # 2100 is not a leap year: eight years pass between two runs.
     assert list(upcoming(trigger, utc(2097, 1, 1), 1)) == [utc(2104, 2, 29)]
-
-
-def test_impossible_day_of_month_is_fine_when_day_of_week_can_match() -> None:
-    # Neither day field starts with '*', so the days are ORed: every Monday in February.
-    assert fires("0 0 31 2 mon", utc(2024, 1, 1), 5) == [
-        utc(2024, 2, 5),
-        utc(2024, 2, 12),
-        utc(2024, 2, 19),
-        utc(2024, 2, 26),
-        utc(2025, 2, 3),
-    ]
 
 
 @pytest.mark.parametrize("value", [None, 5, b"* * * * *", ["*"] * 5])

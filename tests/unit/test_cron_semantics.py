@@ -196,24 +196,26 @@ def test_seconds_field_against_reference(expression: str, pred: Pred) -> None:
     assert fires(expression, SECONDS_START, 8, seconds=True) == expected
 
 
-def test_seconds_field_by_hand() -> None:
-    assert fires("30 0 12 * * *", utc(2024, 1, 1, 12, 0, 30), 2, seconds=True) == [
-        utc(2024, 1, 2, 12, 0, 30),
-        utc(2024, 1, 3, 12, 0, 30),
-    ]
-    assert fires("0-2 5 * * * *", utc(2024, 1, 1, 10), 4, seconds=True) == [
-        utc(2024, 1, 1, 10, 5, 0),
-        utc(2024, 1, 1, 10, 5, 1),
-        utc(2024, 1, 1, 10, 5, 2),
-        utc(2024, 1, 1, 11, 5, 0),
-    ]
+SECONDS_BY_HAND: list[tuple[str, bool, datetime, list[datetime]]] = [
+    ("30 0 12 * * *", True, utc(2024, 1, 1, 12, 0, 30),
+     [utc(2024, 1, 2, 12, 0, 30), utc(2024, 1, 3, 12, 0, 30)]),
+    ("0-2 5 * * * *", True, utc(2024, 1, 1, 10),
+     [utc(2024, 1, 1, 10, 5, 0), utc(2024, 1, 1, 10, 5, 1), utc(2024, 1, 1, 10, 5, 2),
+      utc(2024, 1, 1, 11, 5, 0)]),
+    # Five fields fire at second 0.
+    ("* * * * *", False, utc(2024, 1, 1, 10, 0, 0, 1),
+     [utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 2)]),
+]  # fmt: skip
 
 
-def test_five_field_expression_fires_at_second_zero() -> None:
-    assert fires("* * * * *", utc(2024, 1, 1, 10, 0, 0, 1), 2) == [
-        utc(2024, 1, 1, 10, 1),
-        utc(2024, 1, 1, 10, 2),
-    ]
+@pytest.mark.parametrize(
+    ("expression", "seconds", "after", "expected"),
+    [pytest.param(*c, id=f"{c[0]}-from-{c[2]:%H:%M:%S.%f}") for c in SECONDS_BY_HAND],
+)
+def test_seconds_field_by_hand(
+    expression: str, seconds: bool, after: datetime, expected: list[datetime]
+) -> None:
+    assert fires(expression, after, len(expected), seconds=seconds) == expected
 
 
 # --- descriptors ----------------------------------------------------------------------------

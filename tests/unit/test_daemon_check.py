@@ -222,39 +222,46 @@ def test_a_call_target_is_imported_from_the_configs_directory(tmp_path: Path) ->
     assert result.stdout.splitlines()[-1] == f"OK: {path} is valid"
 
 
-def test_a_call_target_whose_arguments_do_not_fit(tmp_path: Path) -> None:
-    (tmp_path / "replicron_test_tasks.py").write_text(TASKS)
-    path = write(
-        tmp_path,
+CALL_TARGET_PROBLEMS = [
+    pytest.param(
+        {"replicron_test_tasks": TASKS},
         '[[job]]\nname = "poll"\nevery = "10m"\ncall = "replicron_test_tasks:poll"\n'
         'args = ["feed"]\nkwargs = { retry = 3 }\n',
-    )
-    assert_problems(
-        replicron("check", str(path)),
-        path,
         ["job 'poll': arguments do not fit poll(source, *, retries): "],
-        "stdout",
-    )
-
-
-def test_a_call_target_whose_module_fails_to_import(tmp_path: Path) -> None:
-    (tmp_path / "replicron_test_broken.py").write_text("import replicron_no_such_module\n")
-    (tmp_path / "replicron_test_syntax.py").write_text("def f(:\n")
-    path = write(
-        tmp_path,
+        id="arguments-do-not-fit",
+    ),
+    pytest.param(
+        {
+            "replicron_test_broken": "import replicron_no_such_module\n",
+            "replicron_test_syntax": "def f(:\n",
+        },
         '[[job]]\nname = "a"\nevery = "1m"\ncall = "replicron_test_broken:f"\n'
         '[[job]]\nname = "b"\nevery = "1m"\ncall = "replicron_test_syntax:f"\n',
-    )
-    assert_problems(
-        replicron("check", str(path)),
-        path,
         [
             "job 'a': call: cannot import 'replicron_test_broken': No module named "
             "'replicron_no_such_module'",
             "job 'b': call: importing 'replicron_test_syntax' raised SyntaxError: ",
         ],
-        "stdout",
-    )
+        id="module-fails-to-import",
+    ),
+    pytest.param(
+        {"replicron_test_script": "import sys\nsys.exit(0)\ndef main():\n    pass\n"},
+        '[[job]]\nname = "s"\nevery = "1m"\ncall = "replicron_test_script:main"\n',
+        # A bug, written as the behaviour it should have: an import that exits is one problem.
+        ["job 's': call: importing 'replicron_test_script' raised SystemExit"],
+        id="module-exits-on-import",
+    ),
+]
+
+
+@pytest.mark.parametrize(("modules", "text", "fragments"), CALL_TARGET_PROBLEMS)
+def test_a_call_target_that_cannot_be_called(
+    modules: dict[str, str], text: str, fragments: list[str], tmp_path: Path
+) -> None:
+    for module, source in modules.items():
+        (tmp_path / f"{module}.py").write_text(source)
+    path = write(tmp_path, text)
+    assert_problems(replicron("check", str(path)), path, fragments, "stdout")
 
 
 # ---- bad configs -----------------------------------------------------------------------------
@@ -340,21 +347,6 @@ def test_a_directory_or_a_binary_file(tmp_path: Path) -> None:
 
 
 # ---- bugs, written as the behaviour they should have ---------------------------------------
-
-
-def test_a_call_target_that_exits_on_import(tmp_path: Path) -> None:
-    (tmp_path / "replicron_test_script.py").write_text(
-        "import sys\nsys.exit(0)\ndef main():\n    pass\n"
-    )
-    path = write(
-        tmp_path, '[[job]]\nname = "s"\nevery = "1m"\ncall = "replicron_test_script:main"\n'
-    )
-    assert_problems(
-        replicron("check", str(path)),
-        path,
-        ["job 's': call: importing 'replicron_test_script' raised SystemExit"],
-        "stdout",
-    )
 
 
 def test_a_one_time_job_that_ran_has_no_more_fire_times(tmp_path: Path) -> None:

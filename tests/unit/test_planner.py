@@ -224,63 +224,47 @@ def test_after_still_respects_start_at() -> None:
 # ---- decide ------------------------------------------------------------------------------
 
 
-def test_decide_before_the_first_tick_returns_nothing() -> None:
+#: One job every 10 s from T0, decided at each ``now`` in turn: (now, due, missed, wake_at),
+#: ticks as seconds after T0.
+Steps = list[tuple[datetime, list[int], list[int], datetime]]
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param([(s(10) - US, [], [], s(10))], id="before-the-first-tick-nothing"),
+        pytest.param(
+            # Asking again at the same instant reports nothing twice.
+            [(s(10), [10], [], s(20)), (s(10), [], [], s(20))],
+            id="exactly-at-a-tick-runs-it-once",
+        ),
+        pytest.param(
+            # docs/scheduler.md: a tick due while the scheduler runs is executed however late
+            # it is...
+            [(s(20) - US, [10], [], s(20))],
+            id="a-late-tick-still-runs-when-the-next-is-not-due",
+        ),
+        pytest.param(
+            # ...unless the next tick is already due: decided 35 s after the first tick. Then
+            # planning resumes normally after the coalesced tick.
+            [(s(10 + 35), [40], [10, 20, 30], s(50)), (s(50), [50], [], s(60))],
+            id="coalescing-runs-only-the-latest-due-tick",
+        ),
+        pytest.param(
+            [(s(30), [30], [10, 20], s(40))], id="coalescing-when-now-is-exactly-on-a-tick"
+        ),
+    ],
+)
+def test_decide_one_job(steps: Steps) -> None:
     planner = Planner()
     planner.add("a", every(seconds=10), s(0))
-    decision = planner.decide(s(10) - US)
-    assert decision.due == []
-    assert decision.missed == []
-    assert decision.truncated == set()
-    assert decision.wake_at == s(10)
-    assert planner.next_due("a") == s(10)
-
-
-def test_decide_exactly_at_a_tick_runs_it() -> None:
-    planner = Planner()
-    planner.add("a", every(seconds=10), s(0))
-    decision = planner.decide(s(10))
-    assert decision.due == ticks("a", 10)
-    assert decision.missed == []
-    assert decision.wake_at == s(20)
-    assert planner.next_due("a") == s(20)
-    # Asking again at the same instant reports nothing twice.
-    again = planner.decide(s(10))
-    assert again.due == []
-    assert again.missed == []
-
-
-def test_a_late_tick_still_runs_when_the_next_is_not_due() -> None:
-    # docs/scheduler.md: a tick due while the scheduler runs is executed however late it is...
-    planner = Planner()
-    planner.add("a", every(seconds=10), s(0))
-    decision = planner.decide(s(20) - US)
-    assert decision.due == ticks("a", 10)
-    assert decision.missed == []
-    assert decision.wake_at == s(20)
-
-
-def test_coalescing_runs_only_the_latest_due_tick() -> None:
-    # ...unless the next tick is already due: every 10 s, decided 35 s after the first tick.
-    planner = Planner()
-    planner.add("a", every(seconds=10), s(0))
-    decision = planner.decide(s(10 + 35))
-    assert decision.due == ticks("a", 40)
-    assert decision.missed == ticks("a", 10, 20, 30)
-    assert decision.truncated == set()
-    assert decision.wake_at == s(50)
-    # Planning resumes normally after the coalesced tick.
-    after = planner.decide(s(50))
-    assert after.due == ticks("a", 50)
-    assert after.missed == []
-
-
-def test_coalescing_when_now_is_exactly_on_a_tick() -> None:
-    planner = Planner()
-    planner.add("a", every(seconds=10), s(0))
-    decision = planner.decide(s(30))
-    assert decision.due == ticks("a", 30)
-    assert decision.missed == ticks("a", 10, 20)
-    assert decision.wake_at == s(40)
+    for now, due, missed, wake_at in steps:
+        decision = planner.decide(now)
+        assert decision.due == ticks("a", *due)
+        assert decision.missed == ticks("a", *missed)
+        assert decision.truncated == set()
+        assert decision.wake_at == wake_at
+        assert planner.next_due("a") == wake_at
 
 
 def test_decide_across_many_jobs_sorts_due_ticks_by_time() -> None:
@@ -345,36 +329,42 @@ def test_a_week_late_per_second_job_is_truncated() -> None:
     assert planner.decide(s(7 * 86400 + 1)).due == [Tick("fast", s(7 * 86400 + 1))]
 
 
-def test_exactly_max_due_ticks_is_not_truncated() -> None:
-    # MAX due ticks: MAX - 1 missed, the latest runs.
+@pytest.mark.parametrize(
+    ("now", "missed", "truncated"),
+    [
+        pytest.param(
+            # MAX due ticks: MAX - 1 missed, the latest runs.
+            MAX_ENUMERATED_TICKS,
+            range(1, MAX_ENUMERATED_TICKS),
+            False,
+            id="exactly-max-due-ticks-is-not-truncated",
+        ),
+        pytest.param(
+            MAX_ENUMERATED_TICKS + 1,
+            range(1, MAX_ENUMERATED_TICKS + 1),
+            False,
+            id="max-missed-plus-one-due-is-not-truncated",
+        ),
+        pytest.param(
+            # MAX + 1 missed: more than MAX, so the job is truncated and only MAX are listed;
+            # the latest tick still runs.
+            MAX_ENUMERATED_TICKS + 2,
+            range(1, MAX_ENUMERATED_TICKS + 1),
+            True,
+            id="max-plus-two-due-ticks-is-truncated",
+        ),
+    ],
+)
+def test_the_enumeration_bound_of_a_job_every_second(
+    now: int, missed: range, truncated: bool
+) -> None:
     planner = Planner()
     planner.add("a", every(seconds=1), s(0))
-    decision = planner.decide(s(MAX_ENUMERATED_TICKS))
-    assert decision.due == [Tick("a", s(MAX_ENUMERATED_TICKS))]
-    assert decision.missed == ticks("a", *range(1, MAX_ENUMERATED_TICKS))
-    assert decision.truncated == set()
-    assert decision.wake_at == s(MAX_ENUMERATED_TICKS + 1)
-
-
-def test_max_missed_plus_one_due_is_not_truncated() -> None:
-    planner = Planner()
-    planner.add("a", every(seconds=1), s(0))
-    decision = planner.decide(s(MAX_ENUMERATED_TICKS + 1))
-    assert decision.missed == ticks("a", *range(1, MAX_ENUMERATED_TICKS + 1))
-    assert decision.truncated == set()
-    assert decision.due == [Tick("a", s(MAX_ENUMERATED_TICKS + 1))]
-
-
-def test_max_plus_two_due_ticks_is_truncated() -> None:
-    # MAX + 1 missed: more than MAX, so the job is truncated and only MAX are listed; the
-    # latest tick still runs.
-    planner = Planner()
-    planner.add("a", every(seconds=1), s(0))
-    decision = planner.decide(s(MAX_ENUMERATED_TICKS + 2))
-    assert decision.missed == ticks("a", *range(1, MAX_ENUMERATED_TICKS + 1))
-    assert decision.truncated == {"a"}
-    assert decision.due == [Tick("a", s(MAX_ENUMERATED_TICKS + 2))]
-    assert decision.wake_at == s(MAX_ENUMERATED_TICKS + 3)
+    decision = planner.decide(s(now))
+    assert decision.due == [Tick("a", s(now))]
+    assert decision.missed == ticks("a", *missed)
+    assert decision.truncated == ({"a"} if truncated else set())
+    assert decision.wake_at == s(now + 1)
 
 
 # ---- wake_at -----------------------------------------------------------------------------

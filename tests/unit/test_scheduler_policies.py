@@ -273,14 +273,21 @@ def test_replicas_sharing_a_backend_run_each_tick_once(clock: FakeClock) -> None
     assert [r.run_id for r in sorted(history, key=lambda r: r.scheduled_at)] == [1, 2, 3, 4, 5]
 
 
-def test_restart_catches_up_the_latest_missed_tick(clock: FakeClock) -> None:
+def down_for_ticks_2_to_4(clock: FakeClock) -> MemoryState:
+    """The state of a replica that ran tick 1 of job "c" (every 10 s) and stopped; the clock
+    set 5 s past tick 4, so ticks 2, 3 and 4 fell due while no replica was up."""
     state = MemoryState()
     first = Recorder()
     with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[first]) as s:
         s.add_job(every(seconds=10), lambda: None, name="c")
         step(clock, T[1])
         first.wait_count("after_success", 1)
-    clock.set(T[4] + timedelta(seconds=5))  # down for ticks 2, 3 and 4
+    clock.set(T[4] + timedelta(seconds=5))
+    return state
+
+
+def test_restart_catches_up_the_latest_missed_tick(clock: FakeClock) -> None:
+    state = down_for_ticks_2_to_4(clock)
     second = Recorder()
     with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[second]) as s:
         s.add_job(every(seconds=10), lambda: None, name="c")
@@ -303,13 +310,7 @@ def test_restart_catches_up_the_latest_missed_tick(clock: FakeClock) -> None:
 def test_catch_up_policies(
     clock: FakeClock, policy: CatchUp, grace: timedelta | None, expected: list[Outcome]
 ) -> None:
-    state = MemoryState()
-    first = Recorder()
-    with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[first]) as s:
-        s.add_job(every(seconds=10), lambda: None, name="c")
-        step(clock, T[1])
-        first.wait_count("after_success", 1)
-    clock.set(T[4] + timedelta(seconds=5))
+    state = down_for_ticks_2_to_4(clock)
     recorder = Recorder()
     with Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[recorder]) as s:
         s.add_job(every(seconds=10), lambda: None, name="c", catch_up=policy, misfire_grace=grace)
@@ -318,13 +319,12 @@ def test_catch_up_policies(
 
 
 class FlakyBackend(MemoryBackend):
-    """The in-process backend with its first claim and first miss record failing, as a
-    network backend's would when its connection drops."""
+    """The in-process backend with its first claims and miss records failing (one of each
+    unless told), as a network backend's would when its connection drops."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fail_claims: int = 1, fail_records: int = 1) -> None:
         super().__init__()
-        self.fail_claims = 1
-        self.fail_records = 1
+        self.fail_claims, self.fail_records = fail_claims, fail_records
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         if self.fail_claims:
@@ -370,9 +370,7 @@ def test_a_backend_failure_is_reported_and_the_schedule_goes_on(
 def test_a_tick_whose_claim_failed_runs_once_the_backend_answers(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
 ) -> None:
-    backend = FlakyBackend()
-    backend.fail_claims = 3
-    s = make(clock=clock, listeners=[recorder], backend=backend)
+    s = make(clock=clock, listeners=[recorder], backend=FlakyBackend(fail_claims=3))
     s.add_job(every(seconds=10), lambda: None, name="f")
     clock.set(T[1])
     s.wait_idle()
@@ -388,9 +386,7 @@ def test_a_tick_whose_claim_failed_runs_once_the_backend_answers(
 def test_a_manual_run_whose_claim_failed_is_asked_for_again_at_its_instant(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
 ) -> None:
-    backend = FlakyBackend()
-    backend.fail_claims = 2
-    s = make(clock=clock, listeners=[recorder], backend=backend)
+    s = make(clock=clock, listeners=[recorder], backend=FlakyBackend(fail_claims=2))
     job = s.add_job(cron("0 0 1 7 *"), lambda: None, name="yearly", misfire_grace=1)
     asked_at = clock.now()
     job.run_now()
@@ -439,9 +435,7 @@ def test_a_tick_the_backend_says_is_not_yet_due_is_claimed_again_not_written_off
 def test_ticks_still_unhandled_at_shutdown_are_recorded_missed(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
 ) -> None:
-    backend = FlakyBackend()
-    backend.fail_records = 0
-    s = make(clock=clock, listeners=[recorder], backend=backend)
+    s = make(clock=clock, listeners=[recorder], backend=FlakyBackend(fail_records=0))
     s.add_job(every(seconds=10), lambda: None, name="f")
     clock.set(T[1])  # its claim fails; the retry would come a second later
     s.wait_idle()
