@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -27,7 +27,6 @@ import psycopg
 import pytest
 
 from replicron import Scheduler
-from replicron._schedule.tz import UTC
 from replicron.backends.base import Backend
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
 from replicron.backends.memory import MemoryBackend, MemoryState
