@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from replicron import Listener, Outcome, RunEvent
+from replicron.testing import FakeClock
 
 T = TypeVar("T")
 
@@ -83,6 +84,20 @@ def z(
 ) -> datetime:
     """An instant in UTC, written as its calendar fields (the way expectations read best)."""
     return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
+
+
+#: Where the unit tests' fake clocks start.
+START = z(2026, 1, 1)
+
+
+def noop() -> None:
+    """A task that does nothing."""
+
+
+def step(clock: FakeClock, to: datetime) -> None:
+    """Wait until the engine sleeps, then move the clock to ``to``."""
+    assert clock.wait_for_sleepers(1)
+    clock.set(to)
 
 
 class Recorder(Listener):
