@@ -41,10 +41,7 @@ def wait_run_start(replicas: Fleet, after: float, timeout: float = 15.0) -> dict
 
 
 def replica_of(event: dict[str, Any], replicas: Fleet) -> str:
-    for replica in replicas.processes:
-        if replica.pid == event["pid"]:
-            return replica.replica_id
-    raise AssertionError(f"no replica has pid {event['pid']}")
+    return replicas.name_of(event["pid"])
 
 
 def finish(replicas: Fleet, window: Window) -> tuple[Analysis, dict[str, int]]:
