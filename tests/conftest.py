@@ -29,7 +29,10 @@ SUMMARY = pytest.StashKey[dict[str, list[str]]]()
 
 def suite_of(path: Path) -> str:
     """The folder under tests/ that a test file is in ("" for one outside)."""
-    parts = Path(path).resolve().relative_to(TESTS).parts
+    resolved = Path(path).resolve()
+    if TESTS not in resolved.parents:
+        return ""
+    parts = resolved.relative_to(TESTS).parts
     return parts[0] if len(parts) > 1 else ""
 
 
