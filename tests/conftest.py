@@ -1,14 +1,73 @@
 """Shared fixtures: every test must leave no replicron thread running, and the garbage
 collector enabled and not held back (schedulers with defer_gc=True hold it back while an
-instant's runs start)."""
+instant's runs start).
+
+The suites of real processes in real time (:data:`REAL_TIME`) are marked ``slow``, so that
+``-m "not slow"`` is the fast tier; tests/faults is also marked ``faults``. A failed test's
+report shows the logs of its processes (:mod:`tests._harness.reporting`), and the scenarios'
+summary lines are printed at the end of the run, a section per suite ("acceptance summary").
+"""
 
 from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests._harness.reporting import FAILURE_SECTIONS
+from tests.helpers import summary_recorder
+
+TESTS = Path(__file__).resolve().parent
+#: The folders of tests that run real processes in real time, and their markers.
+REAL_TIME = {"acceptance": ("slow",), "browser": ("slow",), "faults": ("slow", "faults")}
+SUMMARY = pytest.StashKey[dict[str, list[str]]]()
+
+
+def suite_of(path: Path) -> str:
+    """The folder under tests/ that a test file is in ("" for one outside)."""
+    resolved = Path(path).resolve()
+    if TESTS not in resolved.parents:
+        return ""
+    parts = resolved.relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in REAL_TIME.get(suite_of(item.path), ()):
+            item.add_marker(getattr(pytest.mark, marker))
+
+
+@pytest.fixture
+def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Record a scenario's summary line: printed now (captured) and at the end of the run,
+    in its suite's section."""
+    sections = request.config.stash.setdefault(SUMMARY, {})
+    return summary_recorder(sections.setdefault(f"{suite_of(request.path)} summary", []))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        for title, text in item.stash.get(FAILURE_SECTIONS, []):
+            if shown := text():
+                report.sections.append((title, shown))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    for section, lines in config.stash.get(SUMMARY, {}).items():
+        terminalreporter.section(section)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

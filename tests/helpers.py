@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -12,9 +13,11 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from replicron import Listener, Outcome, RunEvent
+from replicron.backends.embedded import LEDGER_NAME
+from replicron.testing import FakeClock
 
 T = TypeVar("T")
 
@@ -83,6 +86,20 @@ def z(
 ) -> datetime:
     """An instant in UTC, written as its calendar fields (the way expectations read best)."""
     return datetime(year, month, day, hour, minute, second, microsecond, tzinfo=UTC)
+
+
+#: Where the unit tests' fake clocks start.
+START = z(2026, 1, 1)
+
+
+def noop() -> None:
+    """A task that does nothing."""
+
+
+def step(clock: FakeClock, to: datetime) -> None:
+    """Wait until the engine sleeps, then move the clock to ``to``."""
+    assert clock.wait_for_sleepers(1)
+    clock.set(to)
 
 
 class Recorder(Listener):
@@ -195,6 +212,36 @@ def fresh_database(prefix: str = "replicron_test") -> Iterator[str]:
 
 
 REPO = Path(__file__).resolve().parents[1]
+#: The columns of the embedded ledger that hold instants, as microseconds since the epoch.
+_INSTANTS = ("scheduled_at", "claimed_at", "started_at", "finished_at")
+
+
+def embedded_rows(state_dir: Path, job: str) -> list[dict[str, Any]]:
+    """The rows of ``job`` in the ledger of an embedded state directory, by tick, with the
+    instants as datetimes (UTC); none while the ledger or its table does not exist yet."""
+    path = state_dir / LEDGER_NAME
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(path, timeout=10)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = conn.execute(
+            "SELECT * FROM replicron_runs WHERE job = ? ORDER BY scheduled_at", [job]
+        ).fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        conn.close()
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return [
+        {
+            key: epoch + timedelta(microseconds=value)
+            if key in _INSTANTS and value is not None
+            else value
+            for key, value in dict(row).items()
+        }
+        for row in rows
+    ]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -29,49 +28,29 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from replicron.backends.embedded import LEDGER_NAME
-from tests.helpers import poll_until
+from tests._harness.daemons import Daemons as DaemonProcesses
+from tests._harness.daemons import config_text
+from tests._harness.processes import Child, clean_env, process_start
+from tests._harness.reporting import report_on_failure
+from tests.helpers import embedded_rows, poll_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SCRIPTS = Path(__file__).resolve().parent / "daemon_scripts"
 PROCESS_GROUP = SCRIPTS / "process_group.py"
 SECOND = timedelta(seconds=1)
-#: The acceptance conftest's ``summary`` fixture: a scenario's line, printed at the end.
+#: The ``summary`` fixture (tests/conftest.py): a scenario's line, printed at the end.
 Summary = Callable[[str], None]
 
 
-# ---- configs ---------------------------------------------------------------------------
-
-
-def toml(value: object) -> str:
-    """``value`` as a TOML value (strings as basic strings: JSON's escapes are TOML's)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def config_text(scheduler: Mapping[str, object], jobs: Sequence[Mapping[str, object]]) -> str:
-    lines = ["[scheduler]", *(f"{key} = {toml(value)}" for key, value in scheduler.items())]
-    for job in jobs:
-        lines += ["", "[[job]]", *(f"{key} = {toml(value)}" for key, value in job.items())]
-    return "\n".join(lines) + "\n"
+# ---- what the command jobs wrote ----------------------------------------------------
 
 
 def recording(out: Path, tag: str) -> list[str]:
@@ -120,29 +99,11 @@ class Row:
     finished_at: datetime | None
 
 
-def _from_us(us: int | None) -> datetime | None:
-    return None if us is None else EPOCH + timedelta(microseconds=us)
-
-
 def embedded_ledger(state_dir: Path, job: str) -> list[Row]:
-    path = state_dir / LEDGER_NAME
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(path, timeout=10)
-    try:
-        rows = conn.execute(
-            "SELECT run_id, scheduled_at, replica_id, outcome, error, started_at, finished_at"
-            " FROM replicron_runs WHERE job = ? ORDER BY scheduled_at",
-            [job],
-        ).fetchall()
-    except sqlite3.OperationalError:  # not created yet
-        return []
-    finally:
-        conn.close()
     return [
-        Row(run_id, EPOCH + timedelta(microseconds=tick), replica, outcome, error,
-            _from_us(started), _from_us(finished))
-        for run_id, tick, replica, outcome, error, started, finished in rows
+        Row(r["run_id"], r["scheduled_at"], r["replica_id"], r["outcome"], r["error"],
+            r["started_at"], r["finished_at"])
+        for r in embedded_rows(state_dir, job)
     ]  # fmt: skip
 
 
@@ -177,24 +138,6 @@ def status_json(*source: str) -> dict[str, Any]:
 # ---- processes -------------------------------------------------------------------------
 
 
-def clean_env() -> dict[str, str]:
-    """The environment without REPLICRON_* settings (they would override the configs)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("REPLICRON_")}
-
-
-def start_time(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of process ``pid``, or None when there is no
-    such process or it is a zombie (dead, not yet reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
 @dataclass(frozen=True)
 class Process:
     """A process a command job started, known by pid and start time (pids are reused)."""
@@ -204,7 +147,7 @@ class Process:
 
     @property
     def alive(self) -> bool:
-        return start_time(self.pid) == self.started
+        return process_start(self.pid) == self.started
 
     def kill(self) -> None:
         if self.alive:
@@ -212,87 +155,17 @@ class Process:
                 os.kill(self.pid, signal.SIGKILL)
 
 
-@dataclass
-class Daemon:
-    name: str
-    config: Path
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-    expected_dead: bool = False
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def lines(self, text: str) -> list[str]:
-        return [line for line in self.log().splitlines() if text in line]
-
-    def check_alive(self) -> None:
-        code = self.proc.poll()
-        if code is not None and not self.expected_dead:
-            raise AssertionError(f"daemon {self.name} exited early with {code}:\n{self.log()}")
-
-    def wait_log(self, text: str, timeout: float = 20.0, count: int = 1) -> list[str]:
-        """Wait until ``count`` lines of the log contain ``text``; return them."""
-        return poll_until(
-            f"{count} line(s) with {text!r} in the log of {self.name}",
-            lambda: found if len(found := self.lines(text)) >= count else None,
-            timeout,
-            before_each=self.check_alive,
-        )
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def stop(self, timeout: float = 20.0) -> tuple[int, float]:
-        """SIGTERM; its exit status and the seconds it took to exit."""
-        self.expected_dead = True
-        began = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        return code, time.monotonic() - began
-
-
 def stamp(line: str) -> datetime:
     """The instant of a daemon log line."""
     return datetime.fromisoformat(line.split(" ", 1)[0])
 
 
-class Daemons:
+class Daemons(DaemonProcesses):
     """The daemon processes of one test, and what their commands started."""
 
     def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.daemons: dict[str, Daemon] = {}
+        super().__init__(directory)
         self.strays: list[Process] = []
-
-    def write_config(self, name: str, text: str) -> Path:
-        path = self.dir / f"{name}.toml"
-        path.write_text(text)
-        return path
-
-    def start(self, name: str, text: str) -> Daemon:
-        assert name not in self.daemons
-        path = self.write_config(name, text)
-        log_path = self.dir / f"{name}.log"
-        log_file = log_path.open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "replicron", "run", str(path)],
-            cwd=self.dir,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=clean_env(),
-        )
-        daemon = Daemon(name, path, proc, log_path, log_file)
-        self.daemons[name] = daemon
-        return daemon
-
-    def check_alive(self) -> None:
-        for daemon in self.daemons.values():
-            daemon.check_alive()
-
-    def wait_until(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
-        return poll_until(what, check, timeout, every=0.1, before_each=self.check_alive)
 
     def processes(self, pidfile: Path, timeout: float = 20.0) -> tuple[Process, Process, Any]:
         """The program and grandchild a ``process_group.py`` run reported in ``pidfile``
@@ -304,7 +177,7 @@ class Daemons:
         )
         found = []
         for pid in (facts["pid"], facts["child"]):
-            started = start_time(pid)
+            started = process_start(pid)
             assert started is not None, f"process {pid} of {facts} is not running"
             found.append(Process(pid, started))
         self.strays += found
@@ -312,36 +185,30 @@ class Daemons:
 
     def stop_all(self, timeout: float = 20.0) -> dict[str, tuple[int, float]]:
         """SIGTERM every live daemon at once; each one's exit status and seconds to exit."""
-        began = time.monotonic()
-        live = [d for d in self.daemons.values() if d.proc.poll() is None]
-        for daemon in live:
-            daemon.expected_dead = True
-            daemon.proc.send_signal(signal.SIGTERM)
-        result = {}
-        for daemon in live:
-            code = daemon.proc.wait(max(0.1, began + timeout - time.monotonic()))
-            result[daemon.name] = (code, time.monotonic() - began)
-        return result
+        codes = self.stop(timeout=timeout)
+        return {name: (code, self[name].stop_took or 0.0) for name, code in codes.items()}
 
     def close(self) -> None:
-        for daemon in self.daemons.values():
-            if daemon.proc.poll() is None:
-                daemon.proc.kill()
-            daemon.proc.wait(10)
-            daemon.log_file.close()
+        super().close()
         for process in self.strays:
             process.kill()
-        for daemon in self.daemons.values():
-            print(f"----- {daemon.name} (exit {daemon.proc.returncode}) -----\n{daemon.log()}")
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Daemons]:
+def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
     host = Daemons(tmp_path)
+    report_on_failure(request, "daemon logs", host.logs)
     try:
         yield host
     finally:
         host.close()
+
+
+def stop_cleanly(daemon: Child, timeout: float = 20.0) -> float:
+    """SIGTERM the daemon, which must exit 0; the seconds it took."""
+    code, took = daemon.stop(timeout)
+    assert code == 0, daemon.log()
+    return took
 
 
 def wait_dead(process: Process, what: str, timeout: float = 10.0) -> None:
@@ -379,19 +246,19 @@ def three_daemons_each_tick_once(
     than one replica ran some. With ``hand_over``, the replica running the ticks is stopped
     first, and the two others must go on without a gap."""
     label = f"{backend_label(backend)}{', a hand-over' if hand_over else ''}"
-    out = daemons.dir / "runs.txt"
+    out = daemons.workdir / "runs.txt"
     job = {"name": "tick", "every": "1s", "command": recording(out, "-"), "timeout": "20s"}
     names = ("r1", "r2", "r3")
     for name in names:
         settings = {**backend, "replica_id": name, "stop_timeout": "5s"}
         daemons.start(name, config_text(settings, [job]))
     for name in names:
-        daemons.daemons[name].wait_log(f"started replica {name} with 1 jobs", 30)
+        daemons[name].wait_log(f"started replica {name} with 1 jobs", 30)
 
     stopped: dict[str, tuple[int, float]] = {}
     if hand_over:
         first = daemons.wait_until("4 runs", lambda: records(out)[3:] or None, 30)[-1].replica
-        stopped[first] = daemons.daemons[first].stop(timeout=20)
+        stopped[first] = daemons[first].stop(timeout=20)
         handed_over = datetime.now(UTC)
 
         def taken_over() -> list[Record] | None:
@@ -411,7 +278,7 @@ def three_daemons_each_tick_once(
     assert {name: code for name, (code, _) in stopped.items()} == dict.fromkeys(names, 0)
     assert all(took < 15 for _, took in stopped.values()), stopped
     for name in names:
-        assert daemons.daemons[name].lines("stopped"), f"{name} did not log its stop"
+        assert daemons[name].lines("stopped"), f"{name} did not log its stop"
 
     ran = records(out)
     ticks = [r.tick for r in ran]
@@ -455,7 +322,7 @@ def three_daemons_each_tick_once(
 def test_three_daemons_on_one_state_dir_run_each_tick_once(
     daemons: Daemons, summary: Summary
 ) -> None:
-    state_dir = daemons.dir / "state"
+    state_dir = daemons.workdir / "state"
     three_daemons_each_tick_once(
         daemons,
         {"state_dir": str(state_dir)},
@@ -486,10 +353,10 @@ def test_three_daemons_on_postgresql_run_each_tick_once(
 
 def one_daemon_with_a_run(
     daemons: Daemons, *, stop_timeout: str, work_seconds: float, **job: object
-) -> tuple[Daemon, Path, Process, Process, dict[str, Any]]:
+) -> tuple[Child, Path, Process, Process, dict[str, Any]]:
     """A daemon whose job runs ``process_group.py`` once; returns when the run has started."""
-    state_dir = daemons.dir / "state"
-    pidfile = daemons.dir / "pids.json"
+    state_dir = daemons.workdir / "state"
+    pidfile = daemons.workdir / "pids.json"
     command = [sys.executable, str(PROCESS_GROUP), str(pidfile), str(work_seconds)]
     if job.pop("ignore_term", False):
         command.append("--ignore-term")
@@ -507,8 +374,7 @@ def test_sigterm_lets_a_run_finish_within_stop_timeout(daemons: Daemons, summary
         daemons, stop_timeout="15s", work_seconds=3
     )
     assert program.alive
-    code, took = daemon.stop(timeout=30)
-    assert code == 0, daemon.log()
+    took = stop_cleanly(daemon, timeout=30)
     assert not program.alive
     assert not grandchild.alive
     # It waited for the run: the program said it finished, and the run was recorded so.
@@ -527,8 +393,7 @@ def test_sigterm_kills_a_run_that_outlasts_stop_timeout(daemons: Daemons, summar
     daemon, state_dir, program, grandchild, facts = one_daemon_with_a_run(
         daemons, stop_timeout="1s", work_seconds=60
     )
-    code, took = daemon.stop(timeout=30)
-    assert code == 0, daemon.log()
+    took = stop_cleanly(daemon, timeout=30)
     wait_dead(program, "the program")
     wait_dead(grandchild, "its grandchild sleep")
     assert 0.9 <= took < 10, took  # it gave the run stop_timeout, then did not wait for it
@@ -569,9 +434,7 @@ def test_a_daemon_killed_with_sigkill_leaves_nothing_of_its_run(
     daemon, _, program, grandchild, _ = one_daemon_with_a_run(
         daemons, stop_timeout="1s", work_seconds=60
     )
-    daemon.expected_dead = True
-    daemon.proc.kill()
-    daemon.proc.wait(10)
+    daemon.kill()
     # The kernel tells the group's guard of its parent's death, and it kills the group: the
     # program and the grandchild it started, which no signal to the program alone reaches.
     wait_dead(program, "the program")
@@ -585,8 +448,8 @@ def test_a_daemon_killed_with_sigkill_leaves_nothing_of_its_run(
 def test_sighup_applies_a_changed_config_and_rejects_an_invalid_one(
     daemons: Daemons, summary: Summary
 ) -> None:
-    state_dir = daemons.dir / "state"
-    out = daemons.dir / "runs.txt"
+    state_dir = daemons.workdir / "state"
+    out = daemons.workdir / "runs.txt"
     settings = {"state_dir": str(state_dir), "replica_id": "solo", "stop_timeout": "5s"}
 
     def job(name: str, tag: str) -> dict[str, object]:
@@ -636,7 +499,7 @@ def test_sighup_applies_a_changed_config_and_rejects_an_invalid_one(
     problems = daemon.lines("job 'bad': unknown option 'comand' (did you mean 'command'?)")
     assert problems, daemon.log()
     assert all("ERROR" in line for line in [*problems, rejected])
-    assert str(daemon.config) in problems[0]
+    assert str(daemons.config_path("solo")) in problems[0]
     at = stamp(rejected)
     daemons.wait_until(
         "two runs of each job of the old config after the rejection",
@@ -645,8 +508,7 @@ def test_sighup_applies_a_changed_config_and_rejects_an_invalid_one(
     )
     assert not runs("keep", "v3"), "the rejected config's command ran"
     assert len(daemon.lines("reloaded:")) == 1
-    code, _ = daemon.stop()
-    assert code == 0, daemon.log()
+    stop_cleanly(daemon)
     summary(f"SIGHUP: {reloaded.split('] ', 1)[1]}; then {rejected.split('] ', 1)[1]}")
 
 
@@ -677,8 +539,7 @@ def test_a_command_that_ignores_sigterm_is_killed_kill_grace_after_its_timeout(
     assert 2.5 <= took < 10, f"the run took {took} s; timeout 1 s + kill_grace 2 s expected"
     [term] = daemon.lines("past its timeout: sent SIGTERM")
     assert 1.5 <= (stamp(killed[0]) - stamp(term)).total_seconds() < 5
-    code, _ = daemon.stop()
-    assert code == 0, daemon.log()
+    stop_cleanly(daemon)
     summary(f"timeout 1 s, kill_grace 2 s, SIGTERM ignored: SIGKILL; timed_out after {took:.2f} s")
 
 
@@ -718,7 +579,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 def test_http_metrics_probes_and_status_page(daemons: Daemons, summary: Summary) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    state_dir = daemons.dir / "state"
+    state_dir = daemons.workdir / "state"
     settings = {
         "state_dir": str(state_dir),
         "replica_id": "web",
@@ -779,8 +640,7 @@ def test_http_metrics_probes_and_status_page(daemons: Daemons, summary: Summary)
     assert [r["replica_id"] for r in status["replicas"]] == ["web"]
     assert answer("/no-such-page", 404), get(base + "/no-such-page")
 
-    code, _ = daemon.stop()
-    assert code == 0, daemon.log()
+    stop_cleanly(daemon)
     assert get(base + "/healthz") is None, "still serving after the daemon exited"
     summary(f"HTTP on port {port}: /healthz, /readyz, /metrics, /, /status.json answered")
 
@@ -788,21 +648,29 @@ def test_http_metrics_probes_and_status_page(daemons: Daemons, summary: Summary)
 # ---- 7: a failed command -------------------------------------------------------------------
 
 
-def test_a_failed_command_is_recorded_with_its_exit_status_and_stderr(
-    daemons: Daemons, summary: Summary
-) -> None:
-    state_dir = daemons.dir / "state"
-    script = (
-        "echo out-one; echo out-two; echo err-one >&2; echo err-two >&2; echo err-three >&2; exit 3"
-    )
+def one_shell_run(daemons: Daemons, job: str, script: str) -> tuple[Child, Row]:
+    """A daemon on ``state`` whose job runs ``sh -c script`` once; returns once the run is
+    recorded, with its row."""
+    state_dir = daemons.workdir / "state"
     settings = {"state_dir": str(state_dir), "replica_id": "solo", "stop_timeout": "5s"}
-    spec = {"name": "fails", "every": "1s", "max_runs": 1, "command": ["sh", "-c", script]}
+    spec = {"name": job, "every": "1s", "max_runs": 1, "command": ["sh", "-c", script]}
     daemon = daemons.start("solo", config_text(settings, [spec]))
     row = daemons.wait_until(
         "the run to be recorded",
-        lambda: next((r for r in embedded_ledger(state_dir, "fails") if r.outcome), None),
+        lambda: next((r for r in embedded_ledger(state_dir, job) if r.outcome), None),
         20,
     )
+    return daemon, row
+
+
+def test_a_failed_command_is_recorded_with_its_exit_status_and_stderr(
+    daemons: Daemons, summary: Summary
+) -> None:
+    state_dir = daemons.workdir / "state"
+    script = (
+        "echo out-one; echo out-two; echo err-one >&2; echo err-two >&2; echo err-three >&2; exit 3"
+    )
+    daemon, row = one_shell_run(daemons, "fails", script)
     assert row.outcome == "failed", row
     assert row.error is not None
     assert "exit status 3" in row.error, row.error
@@ -817,33 +685,23 @@ def test_a_failed_command_is_recorded_with_its_exit_status_and_stderr(
     [view] = status["jobs"]
     assert view["last_outcome"] == "failed"
     assert "exit status 3" in view["last_error"]
-    code, _ = daemon.stop()
-    assert code == 0, daemon.log()
+    stop_cleanly(daemon)
     summary(f"exit 3: failed, error {row.error!r}")
 
 
 def test_a_run_ends_when_its_program_exits_and_takes_its_background_children(
     daemons: Daemons, summary: Summary
 ) -> None:
-    state_dir = daemons.dir / "state"
-    pidfile = daemons.dir / "background.pid"
+    pidfile = daemons.workdir / "background.pid"
     # The background sleep holds the run's output pipe open for 60 s after the shell exits.
     script = f"sleep 60 & echo $! > {pidfile}; echo started"
-    settings = {"state_dir": str(state_dir), "replica_id": "solo", "stop_timeout": "5s"}
-    spec = {"name": "bg", "every": "1s", "max_runs": 1, "command": ["sh", "-c", script]}
-    daemon = daemons.start("solo", config_text(settings, [spec]))
-    row = daemons.wait_until(
-        "the run to be recorded",
-        lambda: next((r for r in embedded_ledger(state_dir, "bg") if r.outcome), None),
-        20,
-    )
+    daemon, row = one_shell_run(daemons, "bg", script)
     assert row.outcome == "succeeded", row
     assert row.started_at is not None
     assert row.finished_at is not None
     took = (row.finished_at - row.started_at).total_seconds()
     assert took < 10, took  # the shell's exit, not the sleep's
     pid = int(pidfile.read_text())
-    poll_until("the background sleep to be killed", lambda: start_time(pid) is None or None, 10)
-    code, _ = daemon.stop()
-    assert code == 0, daemon.log()
+    poll_until("the background sleep to be killed", lambda: process_start(pid) is None or None, 10)
+    stop_cleanly(daemon)
     summary(f"a background child holding the output: the run took {took:.3f} s, the child killed")

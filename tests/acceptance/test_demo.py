@@ -15,11 +15,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 REPLICAS = 3
 SECONDS = 6
 TIME = re.compile(r"^\d\d:\d\d:\d\d  ")
@@ -66,11 +68,18 @@ def check_verdict(result: subprocess.CompletedProcess[str], backend: str) -> Non
     assert lines[-1] == f"OK: every tick ran exactly once across {REPLICAS} replicas"
 
 
+def replica_sessions(conn: psycopg.Connection[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    """(how many sessions of replicas, application_name "replicron ...", are still open)"""
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name LIKE 'replicron %'"
+    ).fetchone()
+
+
 def left_behind(tmp_path: Path) -> list[str]:
     return [p.name for p in tmp_path.iterdir() if p.name.startswith("replicron-demo-")]
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_demo_on_the_embedded_backend(tmp_path: Path) -> None:
     result = demo(tmp_path, "--seconds", str(SECONDS))
@@ -78,17 +87,13 @@ def test_demo_on_the_embedded_backend(tmp_path: Path) -> None:
     assert left_behind(tmp_path) == []
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_demo_on_postgresql(tmp_path: Path, dsn: str) -> None:
     result = demo(tmp_path, "--seconds", str(SECONDS), "--database-url", dsn)
     check_verdict(result, "PostgreSQL")
     assert left_behind(tmp_path) == []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        sessions = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'replicron %'"
-        ).fetchone()
+        sessions = replica_sessions(conn)
         locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
         namespaces = conn.execute(
             "SELECT count(DISTINCT namespace) FROM replicron_runs WHERE namespace LIKE 'demo-%'"
@@ -97,7 +102,6 @@ def test_demo_on_postgresql(tmp_path: Path, dsn: str) -> None:
     assert namespaces == (1,)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_ctrl_c_stops_the_replicas_and_removes_the_directory(tmp_path: Path, dsn: str) -> None:
     proc = subprocess.Popen(
@@ -127,10 +131,7 @@ def test_ctrl_c_stops_the_replicas_and_removes_the_directory(tmp_path: Path, dsn
     assert err == "replicron: interrupted; stopping the replicas\n"
     assert left_behind(tmp_path) == []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'replicron %'"
-        ).fetchone()
+        row = replica_sessions(conn)
     assert row == (0,)
 
 

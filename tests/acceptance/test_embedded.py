@@ -2,46 +2,28 @@
 the promises of docs/embedded.md across real processes.
 
 Counts come from two places: the SQLite ledger (``replicron_runs``) and what each process
-printed when its task really ran (``started`` / ``finished`` lines of
-``tests/acceptance/embedded_replica.py``). Each scenario prints one summary line.
+reported when its task really ran (its ``start`` / ``finish`` events, see
+``tests/_harness/events.py``). Each scenario prints one summary line.
 """
 
 from __future__ import annotations
 
-import json
-import signal
-import sqlite3
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import pytest
 from filelock import FileLock, Timeout
 
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
-from tests.helpers import poll_until
-
-REPO = Path(__file__).resolve().parents[2]
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-T = TypeVar("T")
-
-pytestmark = pytest.mark.slow
-
-
-@dataclass
-class Replica:
-    replica_id: str
-    proc: subprocess.Popen[bytes]
-    out_path: Path
-    log_path: Path
-    files: tuple[IO[bytes], IO[bytes]]
-    expected_dead: bool = False
+from tests._harness.processes import Child
+from tests._harness.replicas import Replicas
+from tests._harness.reporting import report_on_failure
+from tests.helpers import embedded_rows
 
 
 @dataclass(frozen=True)
@@ -57,119 +39,40 @@ class Row:
     error: str | None
 
 
-def _time(us: int | None) -> datetime | None:
-    return None if us is None else EPOCH + timedelta(microseconds=us)
-
-
-class Host:
+class Host(Replicas):
     """The replica processes of one test, sharing one state directory."""
 
     def __init__(self, state_dir: Path, log_dir: Path) -> None:
-        self.state_dir, self.log_dir = state_dir, log_dir
-        self.replicas: dict[str, Replica] = {}
+        super().__init__(log_dir)
+        self.state_dir = state_dir
 
-    def start(self, replica_id: str, *, job: str, task_ms: int, **extra: float) -> Replica:
-        command = [
-            sys.executable, "-m", "tests.acceptance.embedded_replica",
-            "--state-dir", str(self.state_dir), "--replica-id", replica_id, "--job", job,
-            "--every-s", "1", "--task-ms", str(task_ms), "--seconds", "150",
-        ]  # fmt: skip
-        for name, value in extra.items():
-            command += [f"--{name.replace('_', '-')}", str(value)]
-        out_path = self.log_dir / f"{replica_id}.out"
-        log_path = self.log_dir / f"{replica_id}.log"
-        out, log = out_path.open("wb"), log_path.open("wb")
-        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=log)
-        replica = Replica(replica_id, proc, out_path, log_path, (out, log))
-        self.replicas[replica_id] = replica
-        return replica
-
-    def events(self, replica_id: str | None = None) -> list[dict[str, Any]]:
-        """Every complete line the replicas (or one) printed so far."""
-        found = []
-        for replica in self.replicas.values():
-            if replica_id is None or replica.replica_id == replica_id:
-                text = replica.out_path.read_text()
-                found += [json.loads(line) for line in text.splitlines(keepends=True)
-                          if line.endswith("\n")]  # fmt: skip
-        return found
+    def start(self, replica_id: str, *, job: str, task_ms: int, **extra: float) -> Child:
+        options = {"state_dir": self.state_dir, "job": job, "every_s": 1, "task_ms": task_ms,
+                   "seconds": 150, **extra}  # fmt: skip
+        return self.spawn_replica(replica_id, options)
 
     def ledger(self, job: str) -> list[Row]:
-        conn = sqlite3.connect(self.state_dir / LEDGER_NAME, timeout=10)
-        try:
-            rows = conn.execute(
-                "SELECT run_id, job, scheduled_at, replica_id, pid, started_at, finished_at,"
-                " outcome, error FROM replicron_runs WHERE job = ? ORDER BY scheduled_at",
-                [job],
-            ).fetchall()
-        finally:
-            conn.close()
         return [
-            Row(run_id, job, EPOCH + timedelta(microseconds=tick), replica, pid,
-                _time(started), _time(finished), outcome, error)
-            for run_id, job, tick, replica, pid, started, finished, outcome, error in rows
+            Row(r["run_id"], r["job"], r["scheduled_at"], r["replica_id"], r["pid"],
+                r["started_at"], r["finished_at"], r["outcome"], r["error"])
+            for r in embedded_rows(self.state_dir, job)
         ]  # fmt: skip
-
-    def check_alive(self) -> None:
-        for replica in self.replicas.values():
-            code = replica.proc.poll()
-            if code is not None and not replica.expected_dead:
-                raise AssertionError(f"replica {replica.replica_id} exited early with {code}")
-
-    def wait_until(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
-        """Poll ``check`` until it returns something other than None/False; fail after
-        ``timeout`` seconds or as soon as a replica dies unexpectedly."""
-        return poll_until(what, check, timeout, before_each=self.check_alive)
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         """Wait until every replica runs its scheduler; the epoch time the last one did."""
-
-        def ready() -> float | None:
-            times = {e["replica"]: e["at"] for e in self.events() if e["event"] == "ready"}
-            return max(times.values()) if len(times) == len(self.replicas) else None
-
-        return self.wait_until("the replicas to be ready", ready, timeout)
-
-    def kill(self, replica_id: str) -> None:
-        """SIGKILL the replica and reap it."""
-        replica = self.replicas[replica_id]
-        replica.expected_dead = True
-        replica.proc.send_signal(signal.SIGKILL)
-        replica.proc.wait(10)
-
-    def stop(self, timeout: float = 30.0) -> dict[str, int]:
-        """SIGTERM every live replica at once; their exit codes."""
-        live = [r for r in self.replicas.values() if r.proc.poll() is None]
-        for replica in live:
-            replica.expected_dead = True
-            replica.proc.send_signal(signal.SIGTERM)
-        return {r.replica_id: r.proc.wait(timeout) for r in live}
-
-    def close(self) -> None:
-        for replica in self.replicas.values():
-            if replica.proc.poll() is None:
-                replica.proc.kill()
-            replica.proc.wait(10)
-            for file in replica.files:
-                file.close()
-
-    def logs(self) -> str:
-        parts = []
-        for r in self.replicas.values():
-            parts.append(f"----- {r.replica_id} (exit {r.proc.poll()}) -----\n"
-                         f"{r.log_path.read_text(errors='replace')}")  # fmt: skip
-        return "\n".join(parts)
+        ready = self.ready_events(self.current, timeout)
+        return max(float(event["wall"]) for event in ready.values())
 
 
 @pytest.fixture
-def host(tmp_path: Path) -> Iterator[Host]:
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
     (tmp_path / "state").mkdir()
     host = Host(tmp_path / "state", tmp_path)
+    report_on_failure(request, "replica logs", host.logs)
     try:
         yield host
     finally:
         host.close()
-        print(host.logs())  # shown with the failure report only
 
 
 def lock_is_free(path: Path) -> bool:
@@ -212,7 +115,7 @@ def test_four_processes_run_each_tick_exactly_once(
     assert [r.tick for r in window] == expected, "a tick is missing or recorded twice"
     assert Counter(r.outcome for r in window) == {"succeeded": len(expected)}
 
-    started = [e for e in host.events() if e["event"] == "started" and e["job"] == job]
+    started = [e for e in host.events() if e["event"] == "start" and e["job"] == job]
     ran = Counter(datetime.fromisoformat(e["tick"]) for e in started)
     duplicates = sum(count - 1 for count in ran.values())
     assert duplicates == 0, [tick for tick, count in ran.items() if count > 1]
@@ -223,7 +126,7 @@ def test_four_processes_run_each_tick_exactly_once(
             row.replica,
             row.run_id,
         )
-    finished = Counter(e["tick"] for e in host.events() if e["event"] == "finished")
+    finished = Counter(e["tick"] for e in host.events() if e["event"] == "finish")
     assert sum(finished.values()) == len(started)
     # Nothing left open and no lock left held once all four are down.
     assert all(r.outcome is not None for r in host.ledger(job))
@@ -247,7 +150,7 @@ def test_kill_9_of_the_lock_holder_frees_the_job_at_once(
     path = lock_file(host.state_dir, job)
 
     def long_run() -> dict[str, Any] | None:
-        runs = [e for e in host.events() if e["event"] == "started"]
+        runs = [e for e in host.events() if e["event"] == "start"]
         skipped = [r for r in host.ledger(job) if r.outcome == "skipped_overlap"]
         # A run that has kept the others out for at least two ticks.
         return runs[0] if len(runs) == 1 and len(skipped) >= 2 else None
@@ -263,7 +166,7 @@ def test_kill_9_of_the_lock_holder_frees_the_job_at_once(
     assert freed, "the killed process's file lock is still held"
 
     def next_run() -> dict[str, Any] | None:
-        runs = [e for e in host.events() if e["event"] == "started"]
+        runs = [e for e in host.events() if e["event"] == "start"]
         later = [e for e in runs if datetime.fromisoformat(e["tick"]) > killed_tick]
         return later[0] if later else None
 
@@ -318,15 +221,14 @@ def test_a_corrupt_state_file_stops_the_replica_with_one_line(
     garbage = bytes(range(256)) * 64
     ledger.write_bytes(garbage)
     replica = host.start("r1", job="every1", task_ms=20)
-    replica.expected_dead = True
-    code = replica.proc.wait(30)
-    lines = replica.log_path.read_text().splitlines()
+    code = replica.wait_exit(30)
+    lines = replica.log().splitlines()
     assert code == 2
     assert lines == [
-        f"embedded_replica: error: replicron state {ledger}: is not a usable SQLite database:"
+        f"replica: error: replicron state {ledger}: is not a usable SQLite database:"
         " file is not a database"
     ]
-    assert host.events() == []
+    assert [e["event"] for e in host.events()] == ["failed"]  # it never got to run
     assert ledger.read_bytes() == garbage  # nothing written to it
     assert sorted(p.name for p in host.state_dir.iterdir()) == [LEDGER_NAME]
     summary(f"embedded corrupt state: exit {code}, {lines[0]}")

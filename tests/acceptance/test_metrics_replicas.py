@@ -2,13 +2,13 @@
 last success of a job is one value on every replica, moves forward with each success and
 stands still through failures.
 
-The job succeeds or fails as a flag file of the test says (see ``metrics_replica.py``); the
-expected values come from the backend's ledger, ``replicron_runs``.
+The job succeeds or fails as a flag file of the test says (``--fail-while`` of
+``tests/_harness/replica.py``); the expected values come from the backend's ledger,
+``replicron_runs``.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -32,27 +32,21 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 class MetricsReplica:
-    """A replica process of ``metrics_replica.py`` and its metrics endpoint."""
+    """A replica process serving its metrics, whose job fails while the flag file says so."""
 
     def __init__(self, cluster: Cluster, replica_id: str, flag_file: Path) -> None:
-        self.replica_id = replica_id
-        self._port_file = cluster.log_dir / f"{replica_id}.port"
-        command = [
-            sys.executable, "-m", "tests.acceptance.metrics_replica",
-            "--dsn", cluster.dsn,
-            "--replica-id", replica_id,
-            "--job", JOB,
-            "--every-s", str(EVERY_S),
-            "--flag-file", str(flag_file),
-            "--port-file", str(self._port_file),
-            "--cluster-every", str(CLUSTER_EVERY),
-        ]  # fmt: skip
-        cluster.spawn(replica_id, command)
+        self.cluster, self.replica_id = cluster, replica_id
+        cluster.start(
+            replica_id, job=JOB, every_s=EVERY_S, task_ms=0, runs_table=False,
+            fail_while=flag_file, metrics=True, cluster_every=CLUSTER_EVERY,
+        )  # fmt: skip
         self._port: int | None = None
 
     def ready(self) -> bool:
-        if self._port is None and self._port_file.exists():
-            self._port = int(self._port_file.read_text())
+        if self._port is None:
+            pid = self.cluster[self.replica_id].pid
+            ready = [e for e in self.cluster.events("ready") if e["pid"] == pid]
+            self._port = int(ready[0]["metrics_port"]) if ready else None
         return self._port is not None
 
     def scrape(self) -> Samples:
@@ -118,7 +112,6 @@ class Replicas:
         return int(count)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_replicas_report_one_cluster_last_success_that_only_successes_move(
     cluster: Cluster, tmp_path: Path, summary: Callable[[str], None]

@@ -13,7 +13,7 @@ import pytest
 from tests.acceptance.conftest import Cluster
 from tests.helpers import run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 #: A claim reads the pause in its own statement; one already sent when the pause commits,
 #: up to the claim-ahead margin before its tick, still runs that tick.

@@ -51,22 +51,21 @@ class LedgerRow:
     error: str | None
 
 
+#: The columns of acceptance_runs that make a Run, in its order.
+RUN_COLUMNS = "replica, scheduled_at, run_id, started_at, finished_at, cancelled"
+
+
 def runs_of(cluster: Cluster, job: str) -> list[Run]:
-    rows = cluster.rows(
-        "SELECT replica, scheduled_at, run_id, started_at, finished_at, cancelled"
-        " FROM acceptance_runs WHERE job = %s ORDER BY started_at",
-        (job,),
-    )
-    return [Run(*row) for row in rows]
+    query = f"SELECT {RUN_COLUMNS} FROM acceptance_runs WHERE job = %s ORDER BY started_at"
+    return [Run(*row) for row in cluster.rows(query, (job,))]
 
 
 def ledger_of(cluster: Cluster, job: str) -> list[LedgerRow]:
-    rows = cluster.rows(
+    query = (
         "SELECT run_id, replica_id, scheduled_at, started_at, finished_at, heartbeat_at,"
-        " outcome, error FROM replicron_runs WHERE job = %s ORDER BY run_id",
-        (job,),
+        " outcome, error FROM replicron_runs WHERE job = %s ORDER BY run_id"
     )
-    return [LedgerRow(*row) for row in rows]
+    return [LedgerRow(*row) for row in cluster.rows(query, (job,))]
 
 
 def duplicates(runs: Sequence[Run]) -> int:
@@ -110,6 +109,23 @@ def after_text(after: dict[str, str]) -> str:
     return str(after)
 
 
+def counts(
+    ledger: Sequence[LedgerRow],
+    runs: Sequence[Run],
+    overlaps: int,
+    ledger_overlaps: int,
+    leaked: Sequence[tuple[int, int]],
+    after: dict[str, str],
+) -> str:
+    """What the summary lines of the faults mid-run count, in short."""
+    return (
+        f"ticks={len(ledger)} unrecorded ticks={len(unrecorded(ledger, 2))} runs={len(runs)} "
+        f"duplicates={duplicates(runs)} overlaps={overlaps} ledger overlaps={ledger_overlaps} "
+        f"leaked locks={len(leaked)} (after shutdown(): {after_text(after)}) ledger outcomes="
+        f"{dict(Counter(row.outcome for row in ledger))}"
+    )
+
+
 def ms(delta: timedelta) -> int:
     return round(delta.total_seconds() * 1000)
 
@@ -129,8 +145,7 @@ def second_run_in_progress(cluster: Cluster, job: str) -> Callable[[], Run | Non
 
     def check() -> Run | None:
         rows = cluster.rows(
-            "SELECT replica, scheduled_at, run_id, started_at, finished_at, cancelled"
-            " FROM acceptance_runs WHERE job = %(job)s AND finished_at IS NULL"
+            f"SELECT {RUN_COLUMNS} FROM acceptance_runs WHERE job = %(job)s AND finished_at IS NULL"
             " AND started_at < clock_timestamp() - interval '1 second'"
             " AND EXISTS (SELECT 1 FROM acceptance_runs done"
             "             WHERE done.job = %(job)s AND done.finished_at IS NOT NULL)"
@@ -150,8 +165,10 @@ def sleep_until_phase(cluster: Cluster, period: int, phase: float) -> datetime:
     return cluster.now()
 
 
-def start_long_job_cluster(cluster: Cluster, job: str) -> dict[str, datetime]:
-    """Three replicas running ``job``: every 2 s, a 6 s task, overlap skip."""
+def running_victim(cluster: Cluster, job: str) -> tuple[Run, str, int]:
+    """Three replicas running ``job`` (every 2 s, a 6 s task, overlap skip), once a second
+    run of it is in progress: that run, its replica and the server pid of its lock session,
+    which holds the job's lock."""
     for replica in ("r1", "r2", "r3"):
         cluster.start(
             replica,
@@ -162,13 +179,40 @@ def start_long_job_cluster(cluster: Cluster, job: str) -> dict[str, datetime]:
             stale_after=STALE,
             stop_timeout=1.0,
         )
-    return cluster.wait_ready(["r1", "r2", "r3"])
+    cluster.wait_ready(["r1", "r2", "r3"])
+    run = cluster.wait_until("a run in progress", second_run_in_progress(cluster, job), 40)
+    pid = cluster.lock_session_pid(run.replica)
+    assert pid is not None
+    assert (pid, job_lock_key(job)) in cluster.advisory_locks(), (
+        "the running replica holds the lock"
+    )
+    return run, run.replica, pid
+
+
+def recorded_row(cluster: Cluster, job: str, run: Run, what: str, timeout: float) -> LedgerRow:
+    """Wait until ``run`` has its outcome in the ledger; its row."""
+
+    def recorded() -> LedgerRow | None:
+        row = next(r for r in ledger_of(cluster, job) if r.run_id == run.run_id)
+        return row if row.outcome is not None else None
+
+    return cluster.wait_until(what, recorded, timeout)
+
+
+def stop_and_read(
+    cluster: Cluster, job: str
+) -> tuple[dict[str, int], list[tuple[int, int]], dict[str, str], list[Run], list[LedgerRow]]:
+    """Stop every replica; their exit codes, the advisory locks left, what each found right
+    after its shutdown(), and the job's runs and ledger."""
+    codes = cluster.stop()
+    leaked = cluster.advisory_locks()
+    after = cluster.after_shutdown()
+    return codes, leaked, after, runs_of(cluster, job), ledger_of(cluster, job)
 
 
 # ---- 1. skewed clocks --------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_skewed_clocks_run_every_tick_exactly_once(
     cluster: Cluster, summary: Callable[[str], None]
@@ -189,12 +233,7 @@ def test_skewed_clocks_run_every_tick_exactly_once(
 
     cluster.wait_until("23 ticks with all three replicas up", enough, 60, every=0.2)
     stop_at = cluster.now()
-    codes = cluster.stop()
-    leaked = cluster.advisory_locks()
-    after = cluster.after_shutdown()
-
-    runs = runs_of(cluster, job)
-    ledger = ledger_of(cluster, job)
+    codes, leaked, after, runs, ledger = stop_and_read(cluster, job)
     expected = ticks_between(first, stop_at - SECOND / 2, 1)
     in_window = sorted(r.scheduled_at for r in runs if first <= r.scheduled_at <= expected[-1])
     gaps = sorted(set(expected) - set(in_window))
@@ -234,7 +273,6 @@ def test_skewed_clocks_run_every_tick_exactly_once(
 # ---- 2. staggered starts -----------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_staggered_starts_run_once_per_interval(
     cluster: Cluster, summary: Callable[[str], None]
@@ -250,12 +288,7 @@ def test_staggered_starts_run_once_per_interval(
     first_ready = min(ready.values())
     wait_seconds(cluster, first_ready, 20)
     stop_at = cluster.now()
-    codes = cluster.stop()
-    leaked = cluster.advisory_locks()
-    after = cluster.after_shutdown()
-
-    runs = runs_of(cluster, job)
-    ledger = ledger_of(cluster, job)
+    codes, leaked, after, runs, ledger = stop_and_read(cluster, job)
     expected = ticks_between(first_ready + timedelta(microseconds=1), stop_at - SECOND / 2, 2)
     in_window = sorted(r.scheduled_at for r in runs if expected[0] <= r.scheduled_at)
     in_window = [t for t in in_window if t <= expected[-1]]
@@ -289,17 +322,10 @@ def test_staggered_starts_run_once_per_interval(
 # ---- 3. kill -9 mid-run ------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_kill_9_of_the_running_replica(cluster: Cluster, summary: Callable[[str], None]) -> None:
     job = "long"
-    key = job_lock_key(job)
-    start_long_job_cluster(cluster, job)
-    victim_run = cluster.wait_until("a run in progress", second_run_in_progress(cluster, job), 40)
-    victim = victim_run.replica
-    victim_pid = cluster.lock_session_pid(victim)
-    assert victim_pid is not None
-    assert (victim_pid, key) in cluster.advisory_locks(), "the running replica holds the lock"
+    victim_run, victim, victim_pid = running_victim(cluster, job)
 
     # Kill 0.5 s before the next tick: the dead replica's lock goes with its session at once,
     # but its run's heartbeat stays fresh for STALE seconds, and that tick falls in between.
@@ -324,17 +350,8 @@ def test_kill_9_of_the_running_replica(cluster: Cluster, summary: Callable[[str]
 
     successor = cluster.wait_until("a later run on another replica", later_run, 20)
 
-    def abandoned() -> LedgerRow | None:
-        row = next(r for r in ledger_of(cluster, job) if r.run_id == victim_run.run_id)
-        return row if row.outcome is not None else None
-
-    victim_row = cluster.wait_until("the killed run to be recorded", abandoned, 20)
-    codes = cluster.stop()
-    leaked = cluster.advisory_locks()
-    after = cluster.after_shutdown()
-
-    runs = runs_of(cluster, job)
-    ledger = ledger_of(cluster, job)
+    victim_row = recorded_row(cluster, job, victim_run, "the killed run to be recorded", 20)
+    codes, leaked, after, runs, ledger = stop_and_read(cluster, job)
     unfinished = [r for r in runs if r.finished_at is None and r.run_id != victim_run.run_id]
     far = killed_at + timedelta(days=1)
     intervals = [
@@ -366,21 +383,16 @@ def test_kill_9_of_the_running_replica(cluster: Cluster, summary: Callable[[str]
     ]
     # Ticks that fell due after the kill, while the dead run's heartbeat was still fresh.
     stale_window = [row for row in ledger if killed_at < row.scheduled_at < stale_at]
-    outcomes = Counter(row.outcome for row in ledger)
     silent = unrecorded(ledger, 2)
     summary(
-        f"[3 kill -9 of {victim} mid-run, every 2 s, 6 s task] ticks={len(ledger)} "
-        f"unrecorded ticks={len(silent)} "
-        f"runs={len(runs)} duplicates={duplicates(runs)} overlaps={overlaps} "
-        f"ledger overlaps={ledger_overlaps} runs started before the dead run went stale="
-        f"{len(early)} leaked locks={len(leaked)} "
-        f"(after shutdown(): {after_text(after)}) | dead backend kept its lock "
+        f"[3 kill -9 of {victim} mid-run, every 2 s, 6 s task] "
+        f"{counts(ledger, runs, overlaps, ledger_overlaps, leaked, after)} runs started "
+        f"before the dead run went stale={len(early)} | dead backend kept its lock "
         f"<= {ms(lock_gone_at - killed_at)} ms after the kill; heartbeat stale "
         f"{ms(stale_at - killed_at)} ms after the kill; ticks due in between="
         f"{[row.outcome for row in stale_window]}; next run started "
         f"{ms(successor.started_at - killed_at)} ms after the kill on {successor.replica}; "
-        f"killed row {victim_row.outcome!r} ({victim_row.error}); "
-        f"ledger outcomes={dict(outcomes)} exit codes={codes}"
+        f"killed row {victim_row.outcome!r} ({victim_row.error}); exit codes={codes}"
     )
 
     assert silent == []
@@ -401,19 +413,12 @@ def test_kill_9_of_the_running_replica(cluster: Cluster, summary: Callable[[str]
 # ---- 4. the lock session is terminated mid-run -------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_terminated_lock_session_signals_and_abandons_the_run(
     cluster: Cluster, summary: Callable[[str], None]
 ) -> None:
     job = "long"
-    key = job_lock_key(job)
-    start_long_job_cluster(cluster, job)
-    victim_run = cluster.wait_until("a run in progress", second_run_in_progress(cluster, job), 40)
-    victim = victim_run.replica
-    victim_pid = cluster.lock_session_pid(victim)
-    assert victim_pid is not None
-    assert (victim_pid, key) in cluster.advisory_locks(), "the running replica holds the lock"
+    victim_run, victim, victim_pid = running_victim(cluster, job)
 
     # Cut the session 0.2 s before a tick: the run goes on until its replica notices, and
     # the tick is claimed meanwhile with the lock already free.
@@ -428,11 +433,7 @@ def test_terminated_lock_session_signals_and_abandons_the_run(
 
     victim_done = cluster.wait_until("the cut-off run to return", signalled, 10)
 
-    def recorded() -> LedgerRow | None:
-        row = next(r for r in ledger_of(cluster, job) if r.run_id == victim_run.run_id)
-        return row if row.outcome is not None else None
-
-    victim_row = cluster.wait_until("the cut-off run to be recorded", recorded, 10)
+    victim_row = recorded_row(cluster, job, victim_run, "the cut-off run to be recorded", 10)
 
     def reconnected() -> int | None:
         pid = cluster.lock_session_pid(victim)
@@ -444,12 +445,7 @@ def test_terminated_lock_session_signals_and_abandons_the_run(
         return next((r for r in runs_of(cluster, job) if r.started_at > terminated_at), None)
 
     successor = cluster.wait_until("a later run", later_run, 20)
-    codes = cluster.stop()
-    leaked = cluster.advisory_locks()
-    after = cluster.after_shutdown()
-
-    runs = runs_of(cluster, job)
-    ledger = ledger_of(cluster, job)
+    codes, leaked, after, runs, ledger = stop_and_read(cluster, job)
     assert victim_done.finished_at is not None
     far = terminated_at + timedelta(days=1)
     overlaps = overlapping_pairs([(r.started_at, r.finished_at or far) for r in runs])
@@ -461,21 +457,16 @@ def test_terminated_lock_session_signals_and_abandons_the_run(
     cut_window = [
         row for row in ledger if terminated_at < row.scheduled_at < victim_done.finished_at
     ]
-    outcomes = Counter(row.outcome for row in ledger)
     silent = unrecorded(ledger, 2)
     summary(
         f"[4 pg_terminate_backend of {victim}'s lock session mid-run, every 2 s, 6 s task] "
-        f"ticks={len(ledger)} unrecorded ticks={len(silent)} runs={len(runs)} "
-        f"duplicates={duplicates(runs)} "
-        f"overlaps={overlaps} ledger overlaps={ledger_overlaps} leaked locks={len(leaked)} "
-        f"(after shutdown(): {after_text(after)}) | "
+        f"{counts(ledger, runs, overlaps, ledger_overlaps, leaked, after)} | "
         f"cut-off run cancelled={victim_done.cancelled} returned "
         f"{ms(victim_done.finished_at - terminated_at)} ms after the termination, recorded "
         f"{victim_row.outcome!r} ({victim_row.error}); ticks due while it still ran="
         f"{[row.outcome for row in cut_window]}; next run started "
         f"{ms(successor.started_at - terminated_at)} ms after on {successor.replica}; "
-        f"{victim} reconnected (pid {victim_pid} -> {new_pid}); "
-        f"ledger outcomes={dict(outcomes)} exit codes={codes}"
+        f"{victim} reconnected (pid {victim_pid} -> {new_pid}); exit codes={codes}"
     )
 
     assert victim_done.cancelled is True

@@ -23,6 +23,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
+from tests._harness.machine import unavailable
 from tests.helpers import poll_until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,20 +32,14 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 Serve = Callable[[Any], str]
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 @pytest.fixture
 def browser() -> Iterator[webdriver.Chrome]:
     """A headless Chromium at a desktop size; tests resize it as they need."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
     if missing:
-        reason = f"browser tests need {' and '.join(missing)} (apt-get install chromium "
-        reason += "chromium-driver)"
-        if in_ci():
-            pytest.fail(f"{reason}; CI is set: these tests must not be skipped", pytrace=False)
-        pytest.skip(reason)
+        unavailable(
+            f"browser tests need {' and '.join(missing)} (apt-get install chromium chromium-driver)"
+        )
     options = Options()
     options.binary_location = str(CHROMIUM)
     for argument in (

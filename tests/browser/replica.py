@@ -8,12 +8,15 @@ nobody.
 
 Run as ``python -m tests.browser.replica --state-dir DIR --tick ISO --grace S`` from the
 repository root. Logs go to stderr.
+
+A scenario of its own rather than options of ``tests/_harness/replica.py``: its jobs (a
+failing one-off, a cron job nobody is left to run) and its end (by itself, once the failure is
+recorded) are what the page is to show.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Listener, RunEvent, Scheduler, cron, once
+from tests._harness.replica import set_up_replica_process
 
 __all__ = ["FAILING", "LATE", "REPLICA", "SECRET", "main"]
 
@@ -55,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tick", type=datetime.fromisoformat, required=True)
     parser.add_argument("--grace", type=float, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    set_up_replica_process(REPLICA)
     failed = _Failed()
     scheduler = Scheduler(
         backend=EmbeddedBackend(args.state_dir), replica_id=REPLICA, listeners=[failed]

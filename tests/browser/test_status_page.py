@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime, timedelta
@@ -28,18 +27,16 @@ from selenium.webdriver.remote.webelement import WebElement
 from replicron import EmbeddedBackend
 from replicron.cluster import ClusterStatus
 from replicron.web import status_app
+from tests._harness.processes import Processes
 from tests.browser.conftest import Serve
 from tests.browser.replica import FAILING, LATE, REPLICA, SECRET
-from tests.helpers import poll_until
-
-pytestmark = pytest.mark.slow
+from tests.helpers import REPO, poll_until
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = REPO / "docs" / "img" / "status_page.png"
 #: How long after its tick a job without a run for it is overdue, for LATE.
 GRACE = timedelta(seconds=1)
@@ -54,12 +51,15 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     state = tmp_path_factory.mktemp("status-page") / "state"
     # LATE's tick, in whole seconds as its cron schedule has them.
     tick = (datetime.now(UTC) + LATE_AFTER).replace(microsecond=0) + timedelta(seconds=1)
-    replica = subprocess.run(
-        [sys.executable, "-m", "tests.browser.replica", "--state-dir", str(state),
-         "--tick", tick.isoformat(), "--grace", str(GRACE.total_seconds())],
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert replica.returncode == 0, replica.stderr
+    processes = Processes(state.parent)
+    try:
+        replica = processes.spawn("replica", [
+            sys.executable, "-m", "tests.browser.replica", "--state-dir", str(state),
+            "--tick", tick.isoformat(), "--grace", str(GRACE.total_seconds()),
+        ])  # fmt: skip
+        assert replica.wait_exit(60) == 0, replica.log()
+    finally:
+        processes.close()
     assert datetime.now(UTC) < tick, "the replica outlived the overdue job's tick"
     # The tick plus its grace has to pass in real time: nothing to wait on but the clock.
     poll_until(f"{LATE} to be overdue", lambda: overdue(state), timeout=30)

@@ -20,39 +20,25 @@ A scenario, in short::
         replicas.stop()
         summary(f"[partition of r2] {replicas.assert_invariants(window)}")
 
-Every test here is marked ``faults``. Missing prerequisites (root, ip, nft, pgbouncer,
-libfaketime, initdb) skip the tests, or fail them when ``CI`` is set.
+Every test here is marked ``faults`` and ``slow`` (tests/conftest.py). Missing prerequisites
+(root, ip, nft, pgbouncer, libfaketime, initdb) skip the tests, or fail them when ``CI`` is set.
+A failed test's report shows the replicas' logs and the end of the PostgreSQL log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests._harness.reporting import report_on_failure
 from tests.faults.cluster import Database, PgCluster
 from tests.faults.fleet import Fleet
 from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PgBouncers, PoolMode
 from tests.faults.prereqs import postgres_bin, require
 from tests.faults.workdir import free_port, suite_directory
-from tests.helpers import summary_recorder
-
-HERE = Path(__file__).resolve().parent
-SUMMARY = pytest.StashKey[list[str]]()
-FLEET = pytest.StashKey[Fleet]()
-CLUSTER = pytest.StashKey[PgCluster]()
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marker
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test of this folder ``faults`` (``-m "not faults"`` leaves them out)."""
-    for item in items:
-        if HERE in Path(str(item.path)).resolve().parents:
-            item.add_marker(pytest.mark.faults)
-
 
 # ---- session: the machinery ------------------------------------------------------------------
 
@@ -140,7 +126,7 @@ def netns(namespace: NetworkNamespace) -> Iterator[NetworkNamespace]:
 def db(request: pytest.FixtureRequest, pg: PgCluster) -> Iterator[Database]:
     """A fresh database for the test on the suite's cluster, dropped afterwards (with its
     sessions; the cluster is started again first if the test left it down)."""
-    request.node.stash[CLUSTER] = pg
+    report_on_failure(request, "postgres log (tail)", lambda: pg.log_tail(80))
     database = Database(pg, pg.create_database())
     try:
         yield database
@@ -161,41 +147,8 @@ def replicas(
         return bouncers[mode]
 
     fleet = Fleet(db, tmp_path, netns=netns, pgbouncer=pgbouncer)
-    request.node.stash[FLEET] = fleet
+    report_on_failure(request, "replica logs", fleet.logs)
     try:
         yield fleet
     finally:
         fleet.close()
-
-
-@pytest.fixture
-def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
-    """Record a scenario's summary line: printed now (captured) and at the end of the run,
-    in the section "fault summary"."""
-    return summary_recorder(request.config.stash.setdefault(SUMMARY, []))
-
-
-# ---- reporting -------------------------------------------------------------------------------
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.when == "call" and report.failed:
-        fleet = item.stash.get(FLEET, None)
-        if fleet is not None and fleet.processes:
-            report.sections.append(("replica logs", fleet.logs()))
-        cluster = item.stash.get(CLUSTER, None)
-        if cluster is not None:
-            report.sections.append(("postgres log (tail)", cluster.log_tail(80)))
-    return report
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    lines = config.stash.get(SUMMARY, [])
-    if lines:
-        terminalreporter.section("fault summary")
-        for line in lines:
-            terminalreporter.write_line(line)

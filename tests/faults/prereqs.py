@@ -18,10 +18,9 @@ import subprocess
 from pathlib import Path
 from typing import NoReturn
 
-import pytest
+from tests._harness import machine
 
 __all__ = [
-    "in_ci",
     "libfaketime_path",
     "postgres_bin",
     "require",
@@ -37,17 +36,9 @@ _FAKETIME_GLOBS = (
 )
 
 
-def in_ci() -> bool:
-    """True under CI, where a missing prerequisite is a failure, never a skip."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def unavailable(reason: str) -> NoReturn:
     """Skip the test for ``reason``, or fail it under CI."""
-    message = f"fault-injection suite: {reason}"
-    if in_ci():
-        pytest.fail(f"{message} (CI is set: these tests must not be skipped)", pytrace=False)
-    pytest.skip(message)
+    machine.unavailable(f"fault-injection suite: {reason}")
 
 
 @functools.cache

@@ -15,7 +15,6 @@ import psycopg
 import pytest
 
 from replicron.postgres import PostgresBackend, TransactionPoolerError, migrate
-from tests.faults.analysis import Window
 from tests.faults.cluster import Database
 from tests.faults.fleet import Fleet
 from tests.faults.pooler import PgBouncers
@@ -30,12 +29,7 @@ def test_clocks_30_s_ahead_and_10_s_behind_run_every_tick_once_on_time(
     replicas.start("r1", jobs=3, every_s=1, task_ms=50)
     replicas.start("r2", jobs=3, every_s=1, task_ms=50, faketime="+30s")
     replicas.start("r3", jobs=3, every_s=1, task_ms=50, faketime="-10s")
-    ready = replicas.wait_ready(["r1", "r2", "r3"])
-    start = max(ready.values()) + 0.5
-    window = Window.from_monotonic(start, start + 8)
-    replicas.wait_ticks_finished(window)
-    codes = replicas.stop()
-    analysis = replicas.assert_invariants(window, all_ran=True)
+    analysis, codes = replicas.run_without_faults(["r1", "r2", "r3"], 8)
     by_replica = Counter(run.replica for run in analysis.runs)
     missed = [row for row in analysis.ledger if row.outcome == "missed"]
     latest = max(run.lead_ms() for run in analysis.runs)
@@ -121,11 +115,6 @@ def test_a_transaction_pooler_is_refused_every_time(
 def test_a_session_pooler_works(replicas: Fleet, summary: Summary) -> None:
     for replica_id in ("r1", "r2"):
         replicas.start(replica_id, jobs=3, every_s=1, task_ms=50, via="session")
-    ready = replicas.wait_ready(["r1", "r2"])
-    start = max(ready.values()) + 0.5
-    window = Window.from_monotonic(start, start + 5)
-    replicas.wait_ticks_finished(window)
-    codes = replicas.stop()
-    analysis = replicas.assert_invariants(window, all_ran=True)
+    analysis, codes = replicas.run_without_faults(["r1", "r2"], 5)
     summary(f"[pgbouncer, session mode, 2 replicas, 3 jobs every 1 s] {analysis} exit={codes}")
     assert codes == {"r1": 0, "r2": 0}

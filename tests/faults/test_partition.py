@@ -146,7 +146,7 @@ def test_a_proxy_that_stops_forwarding_mid_run(
         stopped = finish_of(replicas, victim)
         assert stopped is not None, "r1's run was still going when r2 started the job"
         window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
-        replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+        replicas.wait_window_end(window)
         codes = replicas.stop()
     finally:
         proxy.close()
@@ -199,7 +199,7 @@ def test_sigstop_of_the_holder_past_staleness(
         "the job to run again", lambda: runs_since(replicas, woke) or None, 20
     )[0]
     window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
-    replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+    replicas.wait_window_end(window)
     codes = replicas.stop()
     analysis = replicas.assert_invariants(window)
     [row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
@@ -224,10 +224,6 @@ def _overwritten(replicas: Fleet) -> bool:
     return "replaced 'abandoned'" in replicas.logs()
 
 
-def window_end(window: Window) -> float:
-    return window.end.timestamp() - (time.time() - time.monotonic())
-
-
 @pytest.mark.timeout(120)
 def test_shutdown_while_cut_off_is_bounded(
     replicas: Fleet, netns: NetworkNamespace, summary: Summary
@@ -249,7 +245,7 @@ def test_shutdown_while_cut_off_is_bounded(
     took = time.monotonic() - asked
     netns.heal()
     window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 1)
-    replicas.wait_until("the window to end", lambda: time.monotonic() > window_end(window), 30)
+    replicas.wait_window_end(window)
     codes |= replicas.stop()
     analysis = replicas.assert_invariants(window, leak_grace_s=10)
     summary(

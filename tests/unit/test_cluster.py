@@ -24,22 +24,11 @@ from replicron.cluster import (
     build_status,
 )
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, z
-
-START = z(2026, 1, 1)
-
-
-def noop() -> None:
-    pass
+from tests.helpers import START, Recorder, noop, z
 
 
 def fail() -> None:
     raise RuntimeError("upstream answered 503")
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
 
 
 @pytest.fixture

@@ -27,19 +27,9 @@ from replicron._engine.planner import Tick
 from replicron.backends import Claim, ClaimRequest
 from replicron.backends.memory import HISTORY_KEPT
 from replicron.testing import FakeClock
-from tests.helpers import poll_until, z
+from tests.helpers import START, noop, poll_until
 
-START = z(2026, 1, 1)
 JOBS = 200
-
-
-def noop() -> None:
-    pass
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
 
 
 @pytest.fixture

@@ -32,13 +32,7 @@ from replicron._schedule.tz import MICROSECOND
 from replicron.backends.base import Claim, ClaimStatus, Release, RunRecord
 from replicron.errors import SchedulerClosedError
 from replicron.testing import FakeClock
-from tests.helpers import z
-
-START = z(2026, 1, 1)
-
-
-def noop() -> None:
-    pass
+from tests.helpers import START, noop
 
 
 def spec(name: str, **options: object) -> JobSpec:

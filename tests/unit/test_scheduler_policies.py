@@ -24,25 +24,9 @@ from replicron import (
 from replicron._engine.planner import CatchUp
 from replicron.backends import Claim, ClaimRequest, RunRecord
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, z
+from tests.helpers import START, Recorder, step
 
-START = z(2026, 1, 1)
 T = [START + timedelta(seconds=10 * k) for k in range(20)]  # T[k]: tick k of every(10 s)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
-def step(clock: FakeClock, to: datetime) -> None:
-    assert clock.wait_for_sleepers(1)
-    clock.set(to)
 
 
 class Gate:
