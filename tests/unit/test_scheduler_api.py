@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import pytest
@@ -23,9 +23,7 @@ from replicron import (
     every,
 )
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, poll_until, z
-
-START = z(2026, 1, 1)
+from tests.helpers import START, Recorder, poll_until, step
 
 
 class LosingBackend(MemoryBackend):
@@ -50,27 +48,8 @@ class LosingBackend(MemoryBackend):
         loop.call_soon_threadsafe(lost, [run_id])
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(START)
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-def scheduler(clock: FakeClock, recorder: Recorder) -> Iterator[Scheduler]:
-    s = Scheduler(clock=clock, listeners=[recorder], replica_id="r1")
-    s.start()
-    yield s
-    s.shutdown()
-
-
 def tick(clock: FakeClock, seconds: float) -> None:
-    assert clock.wait_for_sleepers(1)
-    clock.set(START + timedelta(seconds=seconds))
+    step(clock, START + timedelta(seconds=seconds))
 
 
 def test_update_replaces_the_task_and_its_arguments(
