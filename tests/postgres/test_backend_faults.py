@@ -125,15 +125,22 @@ def test_the_lease_stops_runs_before_other_replicas_may_take_the_job(dsn: str) -
     asyncio.run(main())
 
 
+def cut_off(dsn: str, backend: PostgresBackend, replica: str) -> str:
+    """End ``replica``'s session, and make every new one fail (its conninfo points nowhere);
+    returns the conninfo that works."""
+    assert backend._session is not None
+    good, backend._session.conninfo = backend._session.conninfo, "host=127.0.0.1 port=1 dbname=x"
+    sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, replica)])
+    return good
+
+
 def test_an_outcome_that_cannot_be_written_is_kept_and_written_later(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def main() -> None:
         async with opened(dsn, "replica-a", heartbeat_interval=0.2) as a:
             run = await claim(a, "cleanup", 1, lock=True)
-            assert a._session is not None
-            good, a._session.conninfo = a._session.conninfo, "host=127.0.0.1 port=1 dbname=x"
-            sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, "replica-a")])
+            good = cut_off(dsn, a, "replica-a")
             # The session is gone and no new one can be made: the outcome waits.
             await a.release([Release(record(run, "replica-a"), True)])
             [(outcome, beat)] = sql(
@@ -147,6 +154,7 @@ def test_an_outcome_that_cannot_be_written_is_kept_and_written_later(
                 [run.run_id],
             )  # fmt: skip
             assert beat_later == beat  # a finished run is never heartbeated again
+            assert a._session is not None
             a._session.conninfo = good  # the server is back: the next heartbeat writes it
             for _ in range(100):
                 [(outcome,)] = sql(
@@ -168,9 +176,7 @@ def test_outcomes_still_unwritten_at_close_are_logged_with_their_ticks(
     async def main() -> None:
         async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
             run = await claim(a, "cleanup", 1, lock=True)
-            assert a._session is not None
-            a._session.conninfo = "host=127.0.0.1 port=1 dbname=x"
-            sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [session_pid(dsn, "replica-a")])
+            cut_off(dsn, a, "replica-a")
             await a.release([Release(record(run, "replica-a"), True)])
 
     with caplog.at_level(logging.ERROR, "replicron"):
