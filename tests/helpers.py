@@ -10,13 +10,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from replicron import Listener, Outcome, RunEvent
+from replicron import Listener, MemoryBackend, Outcome, RunEvent
+from replicron.backends.base import Claim, ClaimRequest, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
+from replicron.cluster import ClusterStatus
 from replicron.testing import FakeClock
 
 T = TypeVar("T")
@@ -254,3 +256,31 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+class FlakyBackend(MemoryBackend):
+    """The in-process backend with its first claims and miss records failing (one of each
+    unless told), and its cluster reads while ``reads_fail`` is set, as a network backend's
+    would when its connection drops."""
+
+    def __init__(self, *, fail_claims: int = 1, fail_records: int = 1) -> None:
+        super().__init__()
+        self.fail_claims, self.fail_records = fail_claims, fail_records
+        self.reads_fail = False
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        if self.fail_claims:
+            self.fail_claims -= 1
+            raise ConnectionError("backend unreachable")
+        return await super().claim(requests)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        if self.fail_records:
+            self.fail_records -= 1
+            raise ConnectionError("backend unreachable")
+        return await super().record_unclaimed(records)
+
+    async def cluster_status(self) -> ClusterStatus:
+        if self.reads_fail:
+            raise ConnectionError("backend unreachable")
+        return await super().cluster_status()

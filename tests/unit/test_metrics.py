@@ -24,7 +24,7 @@ from replicron.backends import Backend, Claim, ClaimRequest, Release, RunRecord
 from replicron.cluster import ClusterStatus, JobView
 from replicron.metrics import ReplicronCollector
 from replicron.testing import FakeClock
-from tests.helpers import z
+from tests.helpers import FlakyBackend, z
 
 # Far ahead of the wall clock, which the in-process backend reads the cluster by: no tick of
 # these tests is ever overdue by it.
@@ -72,27 +72,6 @@ class StatusWaiter:
 
             assert self._cond.wait_for(arrived, 10), f"no such read; got {self.statuses[seen:]}"
             return next(s for s in self.statuses[seen:] if check(s))
-
-
-class FlakyBackend(MemoryBackend):
-    """The in-process backend with claims and cluster reads that fail on demand, as a network
-    backend's do when its connection drops."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failing_claims = 0
-        self.reads_fail = False
-
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        if self.failing_claims:
-            self.failing_claims -= 1
-            raise ConnectionError("backend unreachable")
-        return await super().claim(requests)
-
-    async def cluster_status(self) -> ClusterStatus:
-        if self.reads_fail:
-            raise ConnectionError("backend unreachable")
-        return await super().cluster_status()
 
 
 class NoRegistryBackend:
@@ -294,10 +273,10 @@ def test_each_outcome_is_counted_as_its_hook_reports_it(setup: Setup, outcome: O
 
 
 def test_backend_failures_are_counted_as_lock_errors() -> None:
-    backend = FlakyBackend()
+    backend = FlakyBackend(fail_claims=0, fail_records=0)
     setup = Setup(backend)
     try:
-        backend.failing_claims = 2  # each claim holds both jobs' ticks
+        backend.fail_claims = 2  # each claim holds both jobs' ticks
         setup.tick(T[1])
         setup.tick(T[1] + timedelta(seconds=1))  # tried again each second
         assert setup.value("replicron_lock_errors_total") == 4
@@ -309,7 +288,7 @@ def test_backend_failures_are_counted_as_lock_errors() -> None:
 
 
 def test_up_follows_the_scheduler_and_its_cluster_reads() -> None:
-    backend = FlakyBackend()
+    backend = FlakyBackend(fail_claims=0, fail_records=0)
     clock = FakeClock(START)
     scheduler = Scheduler(clock=clock, backend=backend, replica_id="r1")
     scheduler.add_job(every(seconds=10), succeed, name="ok")

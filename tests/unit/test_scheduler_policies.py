@@ -22,9 +22,9 @@ from replicron import (
     every,
 )
 from replicron._engine.planner import CatchUp
-from replicron.backends import Claim, ClaimRequest, RunRecord
+from replicron.backends import RunRecord
 from replicron.testing import FakeClock
-from tests.helpers import START, Recorder, step
+from tests.helpers import START, FlakyBackend, Recorder, step
 
 T = [START + timedelta(seconds=10 * k) for k in range(20)]  # T[k]: tick k of every(10 s)
 
@@ -300,27 +300,6 @@ def test_catch_up_policies(
         s.add_job(every(seconds=10), lambda: None, name="c", catch_up=policy, misfire_grace=grace)
         recorder.wait(lambda r: len(r.outcomes()) >= 3)
     assert sorted(recorder.outcomes()) == list(zip(T[2:5], expected, strict=True))
-
-
-class FlakyBackend(MemoryBackend):
-    """The in-process backend with its first claims and miss records failing (one of each
-    unless told), as a network backend's would when its connection drops."""
-
-    def __init__(self, *, fail_claims: int = 1, fail_records: int = 1) -> None:
-        super().__init__()
-        self.fail_claims, self.fail_records = fail_claims, fail_records
-
-    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
-        if self.fail_claims:
-            self.fail_claims -= 1
-            raise ConnectionError("backend unreachable")
-        return await super().claim(requests)
-
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
-        if self.fail_records:
-            self.fail_records -= 1
-            raise ConnectionError("backend unreachable")
-        return await super().record_unclaimed(records)
 
 
 def test_a_backend_failure_is_reported_and_the_schedule_goes_on(
