@@ -351,6 +351,9 @@ def test_a_manual_run_whose_claim_failed_is_asked_for_again_at_its_instant(
 ) -> None:
     s = make(clock=clock, listeners=[recorder], backend=FlakyBackend(fail_claims=2))
     job = s.add_job(cron("0 0 1 7 *"), lambda: None, name="yearly", misfire_grace=1)
+    # The step that adding the job wakes must be over: a step under way as run_now() asks
+    # would claim the run, and the wake-up run_now() sends would claim it again, at once.
+    s.wait_idle()
     asked_at = clock.now()
     job.run_now()
     s.wait_idle()
