@@ -26,6 +26,7 @@ from .errors import (
     ReplicronError,
     SchedulerClosedError,
     StateDirError,
+    UntrustedAdvisoryLocksError,
 )
 from .events import Listener, Outcome, RunEvent
 from .jobs import Job
@@ -92,6 +93,7 @@ __all__ = [
     "StateDirError",
     "SystemClock",
     "Trigger",
+    "UntrustedAdvisoryLocksError",
     "WallClockTrigger",
     "WeeklyTrigger",
     "__version__",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import datetime
 
@@ -43,12 +45,15 @@ class RunContext:
     async tasks are cancelled instead. ``cancel_reason`` says why it was asked to stop (a
     :class:`CancelReason`, ``None`` until it is) and ``cancel_detail`` says it in words.
     ``manual`` is true for a run asked for with ``Job.run_now`` (its ``scheduled_at`` is when
-    it was asked for, not a tick).
+    it was asked for, not a tick). ``lease_deadline`` is when the run's lock lease ends unless
+    a heartbeat renews it (``time.monotonic()``; ``None`` without one): past it another replica
+    may take the job over, so ``cancelled`` reads as set from then on, even before the
+    scheduler has noticed (a process frozen and woken past it).
     """
 
     __slots__ = (
-        "_event", "_stop", "cancel_detail", "cancel_reason", "deadline", "job_name", "manual",
-        "replica_id", "run_id", "scheduled_at",
+        "_event", "_lease_end", "_stop", "cancel_detail", "cancel_reason", "deadline",
+        "job_name", "manual", "replica_id", "run_id", "scheduled_at",
     )  # fmt: skip
 
     def __init__(
@@ -70,6 +75,12 @@ class RunContext:
         self.cancel_detail: str | None = None
         self._event: threading.Event | None = None
         self._stop = False
+        self._lease_end: Callable[[], float | None] | None = None
+
+    @property
+    def lease_deadline(self) -> float | None:
+        lease_end = self._lease_end
+        return None if lease_end is None else lease_end()
 
     @property
     def cancelled(self) -> threading.Event:
@@ -77,7 +88,8 @@ class RunContext:
         if event is None:
             with _EVENT_LOCK:
                 if self._event is None:
-                    self._event = threading.Event()
+                    lease_end = self._lease_end
+                    self._event = threading.Event() if lease_end is None else _Leased(lease_end)
                     if self._stop:
                         self._event.set()
                 event = self._event
@@ -94,12 +106,65 @@ class RunContext:
             if self._event is not None:
                 self._event.set()
 
+    def _past_lease_end(self) -> bool:
+        """Whether the run was seen past its lease's end: ``cancelled`` read as set because of
+        it, or the lease has ended by now. Such a run may overlap a takeover, so it is
+        recorded ``abandoned`` whatever its task returned."""
+        event, lease_end = self._event, self._lease_end
+        if isinstance(event, _Leased) and event.expired:
+            return True
+        end = None if lease_end is None else lease_end()
+        return end is not None and end <= time.monotonic()
+
     def __repr__(self) -> str:
         return (
             f"RunContext(job_name={self.job_name!r}, scheduled_at={self.scheduled_at!r}, "
             f"run_id={self.run_id!r}, replica_id={self.replica_id!r}, deadline={self.deadline!r}, "
             f"cancelled={self._stop}, cancel_reason={self.cancel_reason!r})"
         )
+
+
+class _Leased(threading.Event):
+    """``cancelled`` of a run under a lease: also set once the lease's end has passed, by the
+    monotonic clock read when asked, whatever the scheduler's loop has seen."""
+
+    def __init__(self, lease_end: Callable[[], float | None]) -> None:
+        super().__init__()
+        self._lease_end = lease_end
+        #: ``cancelled`` was read as set because the lease had ended.
+        self.expired = False
+
+    def _left(self) -> float | None:
+        end = self._lease_end()
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            # Final once read: a heartbeat that gets through later does not undo it for a
+            # task that may already have stopped on it.
+            self.expired = True
+            super().set()
+        return left
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            return True
+        left = self._left()
+        return left is not None and left <= 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        until = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self._left()
+            if left is not None and left <= 0:
+                return True
+            step = left
+            if until is not None:
+                remaining = until - time.monotonic()
+                step = remaining if step is None else min(step, remaining)
+            if step is not None and step <= 0:
+                return super().is_set()
+            # The lease may be renewed meanwhile: look again at its end every second at most.
+            if super().wait(None if step is None else min(step, 1.0)):
+                return True
 
 
 _current: ContextVar[RunContext] = ContextVar("replicron_current_run")

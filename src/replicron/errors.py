@@ -28,6 +28,7 @@ __all__ = [
     "ReplicronError",
     "SchedulerClosedError",
     "StateDirError",
+    "UntrustedAdvisoryLocksError",
 ]
 
 
@@ -72,6 +73,28 @@ class StateDirError(ConfigurationError):
         self.path = str(path)
         self.problem = " ".join(problem.split())  # one line, whatever the OS said
         super().__init__(f"replicron state {self.path}: {self.problem}")
+
+
+class UntrustedAdvisoryLocksError(ConfigurationError):
+    """The PostgreSQL-compatible server's session advisory locks do not behave as PostgreSQL's
+    (CockroachDB's always succeed, YugabyteDB's are disabled or silenced), so the backend's
+    default coordination through them cannot work there: use lease mode,
+    ``PostgresBackend(..., coordination="lease")``.
+
+    ``server`` names the server when its version string does (``"CockroachDB"``,
+    ``"YugabyteDB"``, else the start of the version string, or ``None``); ``observed`` says
+    what the locks did.
+    """
+
+    def __init__(self, observed: str, server: str | None = None) -> None:
+        self.observed = observed
+        self.server = server
+        where = f"on {server}" if server else "on this server"
+        super().__init__(
+            f"session advisory locks cannot be trusted {where}: {observed}. The default "
+            'coordination ("advisory") relies on them; use lease mode instead: '
+            'PostgresBackend(..., coordination="lease").'
+        )
 
 
 class InvalidTimezoneError(ConfigurationError):

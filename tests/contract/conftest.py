@@ -30,7 +30,7 @@ from replicron import Scheduler
 from replicron.backends.base import Backend
 from replicron.backends.embedded import LEDGER_NAME, EmbeddedBackend
 from replicron.backends.memory import MemoryBackend, MemoryState
-from replicron.postgres import PostgresBackend
+from replicron.postgres import CoordinationMode, PostgresBackend
 from replicron.testing import FakeClock
 from tests.helpers import Recorder, fresh_database
 
@@ -84,11 +84,14 @@ class PostgresStore:
     #: test, so what a test sees is what its own calls did.
     HEARTBEAT_INTERVAL = 3600.0
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, coordination: CoordinationMode = "advisory") -> None:
         self.dsn = dsn
+        self.coordination: CoordinationMode = coordination
 
     def new_handle(self) -> Backend:
-        return PostgresBackend(self.dsn, heartbeat_interval=self.HEARTBEAT_INTERVAL)
+        return PostgresBackend(
+            self.dsn, heartbeat_interval=self.HEARTBEAT_INTERVAL, coordination=self.coordination
+        )
 
     def recorded(self, job: str) -> dict[datetime, Recorded]:
         with psycopg.connect(self.dsn) as conn:
@@ -142,6 +145,12 @@ def postgres_store() -> Iterator[Store]:
 
 
 @contextmanager
+def postgres_lease_store() -> Iterator[Store]:
+    with fresh_database() as dsn:
+        yield PostgresStore(dsn, coordination="lease")
+
+
+@contextmanager
 def embedded_store() -> Iterator[Store]:
     with tempfile.TemporaryDirectory(prefix="replicron-contract-") as state_dir:
         yield EmbeddedStore(Path(state_dir))
@@ -151,6 +160,7 @@ def embedded_store() -> Iterator[Store]:
 STORES: dict[str, Callable[[], AbstractContextManager[Store]]] = {
     "memory": memory_store,
     "postgres": postgres_store,
+    "postgres-lease": postgres_lease_store,
     "embedded": embedded_store,
 }
 

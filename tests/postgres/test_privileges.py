@@ -16,7 +16,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from replicron import Outcome, Scheduler, every
-from replicron.postgres import PostgresBackend, migrate
+from replicron.postgres import CoordinationMode, PostgresBackend, migrate
 from replicron.testing import FakeClock
 from tests.helpers import Recorder, z
 
@@ -37,7 +37,10 @@ def runtime_dsn(dsn: str) -> Iterator[str]:
     with psycopg.connect(dsn, autocommit=True) as owner:
         owner.execute(f"CREATE ROLE {role} LOGIN")
         owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-        owner.execute("REVOKE EXECUTE ON FUNCTION replicron_runs_reached FROM PUBLIC")
+        for signature in ("text, text, integer, uuid[]", "text, text, integer, uuid[], boolean"):
+            owner.execute(
+                f"REVOKE EXECUTE ON FUNCTION replicron_runs_reached({signature}) FROM PUBLIC"
+            )
         for grant in documented_grants():
             owner.execute(grant.replace(" TO app;", f" TO {role}"))
     try:
@@ -57,10 +60,15 @@ async def _status(dsn: str) -> list[tuple[str, str | None]]:
         await reader.close()
 
 
-def test_the_documented_grants_are_all_a_replica_needs(runtime_dsn: str) -> None:
+@pytest.mark.parametrize("coordination", ["advisory", "lease"])
+def test_the_documented_grants_are_all_a_replica_needs(
+    runtime_dsn: str, coordination: CoordinationMode
+) -> None:
     start = z(2026, 1, 1)
     clock, recorder = FakeClock(start), Recorder()
-    backend = PostgresBackend(runtime_dsn, migrate=False, heartbeat_interval=0.2)
+    backend = PostgresBackend(
+        runtime_dsn, migrate=False, heartbeat_interval=0.2, coordination=coordination
+    )
     with Scheduler(clock=clock, backend=backend, listeners=[recorder]) as scheduler:
         job = scheduler.add_job(every(seconds=10), _noop, name="limited", max_runs=1)
         for k in (1, 2):

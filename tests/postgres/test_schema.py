@@ -116,6 +116,8 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
 
         expected = catalog(migrated)
         assert [name for name, *_ in expected["relations"]] == [
+            "replicron_job_locks",
+            "replicron_job_locks_pkey",
             "replicron_jobs",
             "replicron_jobs_pkey",
             "replicron_migrations",

@@ -114,6 +114,8 @@ def test_the_lease_expires_from_the_last_proof_of_life_that_was_sent() -> None:
         lease.renew([2], now - 5.0)  # an older proof never shortens a lease
         assert lease.expires_at() == pytest.approx(now + 0.8)
         lease.start(3, now - 2.0)  # proven long ago: expires at the next check
+        lease.renew([3], now)  # a heartbeat sent after its lease ended does not revive it
+        assert lease.end_of(3) == pytest.approx(now - 1.0)
         lease._check()
         assert expired == [[3]]
         assert 3 not in lease

@@ -31,6 +31,7 @@ ERRORS = [
     "ReplicronError",
     "SchedulerClosedError",
     "StateDirError",
+    "UntrustedAdvisoryLocksError",
 ]
 
 EXPECTED = {
@@ -112,12 +113,14 @@ EXPECTED = {
     "replicron.postgres": [
         "BackendUnavailableError",
         "ConnectionSource",
+        "CoordinationMode",
         "JobStatus",
         "LockKeyCollisionError",
         "LockedRun",
         "PostgresBackend",
         "ReplicaStatus",
         "TransactionPoolerError",
+        "UntrustedAdvisoryLocksError",
         "alocked_run",
         "conninfo_of",
         "locked_run",

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from datetime import datetime, tzinfo
 from typing import TypeVar
 
-from replicron.backends.base import Backend, SharedCoordination
+from replicron.backends.base import Backend, LeasedRuns, SharedCoordination
 from replicron.clock import Clock, ClusterClock, SystemClock
 from replicron.context import _current
 from replicron.events import Listener
@@ -98,6 +98,7 @@ class Engine:
             clock=clock, replica_id=replica_id, registry=self.registry, recorder=self._recorder,
             observer=self.observer, life=self.life, max_workers=max_workers, defer_gc=defer_gc,
             on_idle=self._quiet_may_have_changed,
+            lease_end=backend.lease_end if isinstance(backend, LeasedRuns) else None,
         )  # fmt: skip
         self._retries = Retries()
         self._shared = shared = backend if isinstance(backend, SharedCoordination) else None

@@ -38,6 +38,7 @@ class Run(RunContext):
         self.cancel_detail: str | None = None  # what cut the run off, for the ledger too
         self._event = None
         self._stop = False
+        self._lease_end: Callable[[], float | None] | None = None  # set if started locked
         self.state = state
         self.locked = False
         self.started_at = scheduled_at
@@ -77,6 +78,8 @@ class Run(RunContext):
     ) -> tuple[Outcome, str | None]:
         """How the run ended (``error``: what its task raised, if anything), and the words the
         ledger keeps of it."""
+        if not self.abandoned and self._past_lease_end():
+            self.cancel(CancelReason.LOCK_LOST, "its lease ended before it returned")
         if self.abandoned:
             outcome = Outcome.ABANDONED
         elif self.timed_out:

@@ -8,6 +8,7 @@ together, and finished in batches.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -47,8 +48,11 @@ class RunExecutor:
         max_workers: int,
         defer_gc: bool,
         on_idle: Callable[[], None],
+        lease_end: Callable[[int], float | None] | None = None,
     ) -> None:
         self.clock, self.replica_id = clock, replica_id
+        #: Where the backend's locks run under a lease: when a run's lease ends.
+        self._lease_end = lease_end
         self._registry, self._recorder, self._observer, self._life = (
             registry, recorder, observer, life,
         )  # fmt: skip
@@ -122,6 +126,8 @@ class RunExecutor:
         run.run_id, run.locked, run.started_at, run.deadline, run.manual, run.call = (
             claim.run_id, claim.locked, started, deadline, manual, spec.call,
         )  # fmt: skip
+        if claim.locked and claim.run_id is not None and self._lease_end is not None:
+            run._lease_end = functools.partial(self._lease_end, claim.run_id)
         state.running += 1
         if not manual:
             state.runs_started += 1

@@ -43,6 +43,7 @@ __all__ = [
     "ClaimRequest",
     "ClaimStatus",
     "ClusterRegistry",
+    "LeasedRuns",
     "NamespacedRegistry",
     "Release",
     "RunRecord",
@@ -266,6 +267,16 @@ class SharedCoordination(Protocol):
     @property
     def connected(self) -> bool:
         """Whether the backend can coordinate now (its session is open): for readiness."""
+
+
+@runtime_checkable
+class LeasedRuns(Protocol):
+    """A backend whose locked runs hold their lock under a lease that may run out (the
+    replica cut off, or frozen), after which another replica may take the job over."""
+
+    def lease_end(self, run_id: int) -> float | None:
+        """When the run's lease ends unless a heartbeat renews it, on ``time.monotonic()``'s
+        clock (the same in every process of the host); ``None`` if the run holds none."""
 
 
 @runtime_checkable

@@ -32,13 +32,13 @@ class SqlFiles:
     def read(self, name: str) -> str:
         return self._dir().joinpath(name).read_text(encoding="utf-8")
 
-    def queries(self) -> dict[str, str]:
-        """Every named query of ``queries.sql``."""
-        parts = _NAME.split(self.read("queries.sql"))
+    def queries(self, file: str = "queries.sql") -> dict[str, str]:
+        """Every named query of ``file`` (in the package's ``sql`` folder)."""
+        parts = _NAME.split(self.read(file))
         # parts: [preamble, name1, body1, name2, body2, ...]
         found = {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
         if len(found) != len(parts[1::2]):
-            raise RuntimeError(f"{self.package}: queries.sql names a query twice")
+            raise RuntimeError(f"{self.package}: {file} names a query twice")
         return found
 
     def migrations(self) -> tuple[Migration, ...]:

@@ -5,20 +5,29 @@ from __future__ import annotations
 from ._locked_async import alocked_run
 from ._locked_result import LockedRun
 from ._locked_sync import locked_run
+from ._probe import UntrustedAdvisoryLocksError
 from ._session import BackendUnavailableError, TransactionPoolerError
 from ._sources import ConnectionSource, conninfo_of
-from .backend import JobStatus, LockKeyCollisionError, PostgresBackend, ReplicaStatus
+from .backend import (
+    CoordinationMode,
+    JobStatus,
+    LockKeyCollisionError,
+    PostgresBackend,
+    ReplicaStatus,
+)
 from .migrate import migrate
 
 __all__ = [
     "BackendUnavailableError",
     "ConnectionSource",
+    "CoordinationMode",
     "JobStatus",
     "LockKeyCollisionError",
     "LockedRun",
     "PostgresBackend",
     "ReplicaStatus",
     "TransactionPoolerError",
+    "UntrustedAdvisoryLocksError",
     "alocked_run",
     "conninfo_of",
     "locked_run",

@@ -46,6 +46,10 @@ class SessionLocks:
         del self._run_of[key]
         return True
 
+    def runs(self) -> list[int]:
+        """The runs holding a lock, in run order."""
+        return sorted(self._run_of.values())
+
     def give_back(self, key: int, run_id: int | None) -> None:
         """A lock taken to be unlocked is still held: its unlock was rolled back."""
         assert run_id is not None  # taken for the run holding it
@@ -87,11 +91,24 @@ def refuse_pooler(statements: Statements, replica_id: str) -> NoReturn:
 
 
 def report_unheld(
-    unlocking: Sequence[tuple[int, RunRecord]], unlocked: Sequence[bool | None], replica_id: str
+    unlocking: Sequence[tuple[int, RunRecord]],
+    unlocked: Sequence[bool | None],
+    replica_id: str,
+    *,
+    leased: bool = False,
 ) -> None:
-    """Say which of the locks a release unlocked the session turned out not to hold."""
+    """Say which of the locks a release unlocked the session turned out not to hold. In lease
+    mode that is expected of a run whose lease ended (it fenced itself; a janitor freed its
+    job's lock row), so it is a warning there, and an error of the session's in advisory."""
     for (key, record), released in zip(unlocking, unlocked, strict=False):
-        if released is False:
+        if released is False and leased:
+            logger.warning(
+                "job %r: its lock was no longer run %s's at release (its lease had ended and "
+                "a janitor freed it, or an earlier try of this release did)", record.job,
+                record.run_id,
+                extra={"event": "lock_error", "job": record.job, "replica": replica_id},
+            )  # fmt: skip
+        elif released is False:
             logger.error(
                 "job %r: advisory lock %s was not held at unlock", record.job, key,
                 extra={"event": "lock_error", "job": record.job, "replica": replica_id},

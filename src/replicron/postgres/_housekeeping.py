@@ -49,8 +49,11 @@ class Housekeeper:
         retention: timedelta,
         fence_stale_holders: bool,
         write_pending: Callable[[], Awaitable[None]],
+        leased: bool = False,
     ) -> None:
         self._statements = statements
+        #: Lease mode: the rows and lock rows are the locks, and no session holds anything.
+        self.leased = leased
         self._interval = heartbeat_interval
         self._stale_after = timedelta(seconds=stale_after)
         self._retention = retention
@@ -106,6 +109,9 @@ class Housekeeper:
     async def heartbeat(self) -> None:
         """Refresh the open runs (and their lease), be seen with the clock offset, see the
         peers; a locked run whose lock or row is gone here is lost."""
+        if self.leased:
+            await self._renew_leases()
+            return
         offset = self._offsets.current
         sent = self.runs.to_heartbeat()
         [(ours, db_now, refreshed, held, peers)] = await self._statements.fetch(
@@ -124,6 +130,36 @@ class Housekeeper:
         lost = self.runs.locks.missing(held, unrefreshed)
         if lost:
             self.runs.locks.forget(lost)
+            self._lose(lost)
+
+    async def _renew_leases(self) -> None:
+        """Lease mode: renew every row and job lock this replica holds in one statement; a run
+        whose row or lock was not renewed (a janitor wrote it off, another run took the lock
+        over) is lost."""
+        offset = self._offsets.current
+        runs = self.runs
+        sent = runs.to_heartbeat()
+        locked = runs.locks.runs()
+        [(db_now, refreshed, relocked, peers)] = await self._statements.fetch(
+            "lease_heartbeat",
+            retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
+            run_ids=sent,
+            epochs=[runs.epochs.get(run_id, 0) for run_id in sent],
+            locked_runs=locked,
+            replica=self.replica_id,
+            offset_ms=None if offset is None else offset.total_seconds() * 1000,
+            stale_after=self._stale_after,
+        )
+        self.peers = frozenset(peers) | {self.replica_id}
+        self._clock_sample(db_now)
+        unrefreshed = runs.heartbeaten(sent, refreshed, self._statements.sent_at())
+        # Only locks still held now: a release may have run between a failed first try of
+        # this heartbeat and its retry.
+        held = set(runs.locks.runs())
+        lost = sorted(((set(locked) - set(relocked)) | (unrefreshed & set(locked))) & held)
+        lost += sorted(unrefreshed - set(lost))
+        if lost:
+            runs.locks.forget(lost)
             self._lose(lost)
 
     # ---- the clock offset ----------------------------------------------------------------
@@ -150,7 +186,9 @@ class Housekeeper:
         """Record the open runs of replicas that stopped heartbeating abandoned; prune old
         rows and registrations."""
         stale = await self._statements.fetch(
-            "abandon_stale", retry=True, stale_after=self._stale_after
+            "lease_abandon_stale" if self.leased else "abandon_stale",
+            retry=True,
+            stale_after=self._stale_after,
         )
         for job, tick, replica in stale:
             logger.warning(
@@ -194,11 +232,12 @@ class Housekeeper:
         )  # fmt: skip
         self.runs.locks.forget(run_ids)
         self._on_lock_lost(run_ids)
-        self._statements.invalidate()  # their locks must not outlive them (nor the others')
+        if not self.leased:  # lease mode: the lock rows run out on the server's clock
+            self._statements.invalidate()  # their locks must not outlive them (nor the others')
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
-            "lost the advisory locks of runs %s", run_ids,
+            "lost the %s of runs %s", "leases" if self.leased else "advisory locks", run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )  # fmt: skip
         self.runs.lost(run_ids)

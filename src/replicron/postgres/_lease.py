@@ -38,9 +38,12 @@ class Lease:
             self._rearm()
 
     def renew(self, run_ids: Iterable[int], sent_at: float) -> None:
-        """A heartbeat sent at ``sent_at`` refreshed these runs' rows."""
+        """A heartbeat sent at ``sent_at`` refreshed these runs' rows. A lease that had already
+        ended when it was sent stays ended: its run may have stopped on it (and the timer
+        tells the scheduler so), whatever the server still held."""
         for run_id in run_ids:
-            if run_id in self._proven and self._proven[run_id] < sent_at:
+            proven = self._proven.get(run_id)
+            if proven is not None and proven < sent_at < proven + self.length:
                 self._proven[run_id] = sent_at
         self._rearm()
 
@@ -52,6 +55,11 @@ class Lease:
     def clear(self) -> None:
         self._proven.clear()
         self._rearm()
+
+    def end_of(self, run_id: int) -> float | None:
+        """When ``run_id``'s lease ends unless renewed (``time.monotonic()``), if it holds one."""
+        proven = self._proven.get(run_id)
+        return None if proven is None else proven + self.length
 
     def expires_at(self) -> float | None:
         if not self._proven:

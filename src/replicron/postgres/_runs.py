@@ -20,10 +20,13 @@ class HeldRuns:
         self.lease = lease
         self.locks = SessionLocks()
         self._open: set[int] = set()
+        #: Lease mode: the epoch of each open run's row this replica holds.
+        self.epochs: dict[int, int] = {}
 
-    def claimed(self, run_id: int) -> None:
+    def claimed(self, run_id: int, epoch: int = 0) -> None:
         """A tick was claimed for this run: it is heartbeated from now until it finishes."""
         self._open.add(run_id)
+        self.epochs[run_id] = epoch
 
     def locked(self, key: int, run_id: int, sent_at: float) -> None:
         """The run holds its job's lock ``key``, taken by a statement sent at ``sent_at``."""
@@ -35,9 +38,15 @@ class HeldRuns:
         ended = list(run_ids)
         self._open.difference_update(ended)
         self.lease.end(ended)
+        for run_id in ended:
+            self.epochs.pop(run_id, None)
 
     def to_heartbeat(self) -> list[int]:
         return sorted(self._open)
+
+    def epoch_of(self, run_id: int | None) -> int | None:
+        """Lease mode: the epoch a write about this run names (None: no run, or not open)."""
+        return None if run_id is None else self.epochs.get(run_id)
 
     def heartbeaten(
         self, sent: Sequence[int], refreshed: Sequence[int], sent_at: float
@@ -62,3 +71,4 @@ class HeldRuns:
     def close(self) -> None:
         self.lease.clear()
         self.locks.drop_all()
+        self.epochs.clear()

@@ -403,7 +403,9 @@ class LockSession:
 async def _rows(
     conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
 ) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(query.encode(), params)
+    # Never prepared: on the application's pool (lease mode) the pool's own threshold would
+    # prepare them, and behind a transaction pooler a prepared statement may be missing.
+    cursor = await conn.execute(query.encode(), params, prepare=False)
     return await cursor.fetchall() if cursor.description else []
 
 

@@ -1,4 +1,5 @@
-"""The PostgreSQL backend's SQL: ``sql/queries.sql`` and ``sql/migrations/``."""
+"""The PostgreSQL backend's SQL: ``sql/queries.sql``, what lease mode runs instead of some
+of them (``sql/lease.sql``), and ``sql/migrations/``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ _FILES = SqlFiles("replicron.postgres")
 
 @cache
 def queries() -> dict[str, str]:
-    """Every named query of ``queries.sql``."""
-    return _FILES.queries()
+    """Every named query of ``queries.sql`` and ``lease.sql``."""
+    common = _FILES.queries()
+    leased = _FILES.queries("lease.sql")
+    if common.keys() & leased.keys():
+        raise RuntimeError(f"named in both files: {sorted(common.keys() & leased.keys())}")
+    return common | leased
 
 
 @cache

@@ -7,6 +7,7 @@ inserted as this replica's; a fresh token would find them "taken" and leave them
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +30,10 @@ class ClaimTokens:
     def __bool__(self) -> bool:
         return bool(self._by_tick)
 
+    def __contains__(self, tick: object) -> bool:
+        """Whether a statement about ``tick`` failed and its rows may exist under our token."""
+        return tick in self._by_tick
+
     def for_ticks(self, ticks: Sequence[Tick]) -> list[uuid.UUID]:
         """Each tick's remembered token, or one fresh token for the others."""
         fresh = uuid.uuid4()
@@ -41,7 +46,7 @@ class ClaimTokens:
         tokens = self.for_ticks(ticks)
         try:
             yield tokens
-        except BackendUnavailableError:
+        except (BackendUnavailableError, asyncio.CancelledError):
             self.remember(ticks, tokens)
             raise
         self.forget(ticks)

@@ -1,14 +1,33 @@
-"""What the backend says about outcome writes that did not simply record a first outcome."""
+"""How runs ended, written to the ledger: outcomes with the unlocks of their runs in one round
+trip (kept and written later when the server cannot be reached), ticks recorded without a run,
+and what the backend says of a write that did not simply record a first outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
+from datetime import UTC, timedelta
+from typing import Any
 
-from replicron.backends.base import RunRecord
+from replicron.backends.base import (
+    Release,
+    RunRecord,
+    answer_each,
+    once_per_tick,
+    unrecorded_repeat,
+)
 
-__all__ = ["log_unwritten", "log_write"]
+from ._advisory import refuse_pooler, report_unheld
+from ._housekeeping import Housekeeper
+from ._runs import HeldRuns
+from ._session import BackendUnavailableError
+from ._statements import Statements
+from ._tokens import ClaimTokens
 
-logger = logging.getLogger(__name__)
+__all__ = ["CLAIM_AHEAD", "OutcomeWrites", "log_unwritten", "log_write"]
+
+logger = logging.getLogger("replicron.postgres.backend")  # the backend's, as documented
 
 
 def _extra(record: RunRecord, replica: str) -> dict[str, str]:
@@ -24,6 +43,13 @@ def log_write(record: RunRecord, written: bool, before: str | None, replica: str
         logger.warning(
             "job %r tick %s: replaced %r (written by a janitor while the run went on) with %r",
             record.job, record.scheduled_at.isoformat(), before, outcome, extra=extra,
+        )  # fmt: skip
+    elif not written and before == outcome:
+        # Lease mode: a janitor wrote off a run whose lease had ended, in a newer epoch, and
+        # the run, fenced by the same lease, says the same.
+        logger.info(
+            "job %r tick %s: already recorded %r", record.job, record.scheduled_at.isoformat(),
+            outcome, extra=extra,
         )  # fmt: skip
     elif not written:
         logger.error(
@@ -42,3 +68,154 @@ def log_unwritten(record: RunRecord, replica: str) -> None:
         record.scheduled_at.isoformat(), record.outcome.value, record.run_id,
         extra=_extra(record, replica),
     )  # fmt: skip
+
+
+#: How far ahead of the database's clock a tick may be claimed: room for the error of the
+#: measured offset, far less than any tick spacing.
+CLAIM_AHEAD = timedelta(milliseconds=250)
+
+
+class OutcomeWrites:
+    """Outcome writes, as methods of :class:`PostgresBackend`."""
+
+    replica_id: str
+    _unwritten: list[Release]  # outcomes whose write failed, oldest first
+    _write_epochs: dict[int, int | None]  # lease mode: the epoch each waiting outcome names
+    _runs: HeldRuns
+    _housekeeper: Housekeeper
+    _statements: Statements
+    _tokens: ClaimTokens
+
+    def lock_key(self, job: str) -> int:
+        raise NotImplementedError  # the backend's
+
+    def _unreachable(self) -> bool:
+        raise NotImplementedError  # the backend's
+
+    async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
+        raise NotImplementedError  # the backend's: on its lock session
+
+    async def release(self, releases: Sequence[Release]) -> None:
+        """Record the outcomes (and drop the locks); an outcome that cannot be written now is
+        kept and written with the next release or heartbeat, on a new session if need be."""
+        for release in releases:  # lease mode: each write names the epoch its run held
+            if (run_id := release.record.run_id) is not None:
+                self._write_epochs[run_id] = self._runs.epoch_of(run_id)
+        self._runs.finished(r.record.run_id for r in releases if r.record.run_id is not None)
+        if self._unreachable():
+            # The server could not be reached a moment ago: the housekeeper writes these with
+            # its next heartbeat, so a shutdown never waits on one more failing reconnect.
+            # Advisory locks died with the session; lease mode's lock rows outlive it.
+            leased = self._housekeeper.leased
+            self._unwritten += [Release(r.record, leased and r.unlock) for r in releases]
+            return
+        try:
+            await self._write_outcomes(releases)
+        except BackendUnavailableError as exc:
+            logger.warning(
+                "%d outcomes wait to be written (%s); retrying on a new session",
+                len(self._unwritten), exc, extra={"event": "lock_error",
+                                                  "replica": self.replica_id},
+            )  # fmt: skip
+
+    async def _write_pending(self) -> None:
+        """Write the outcomes whose write failed before, on a new session if need be."""
+        if self._unwritten:
+            await self._write_outcomes([])
+
+    async def _write_outcomes(self, releases: Sequence[Release]) -> None:
+        batch = self._unwritten + list(releases)
+        self._unwritten = []
+        unlocking: list[tuple[int, RunRecord]] = []  # the locks this batch unlocks
+        for record, unlock in batch:
+            key = self.lock_key(record.job)
+            if unlock and self._runs.locks.take(key, record.run_id):
+                unlocking.append((key, record))
+        records = [release.record for release in batch]
+        session = self._statements.session
+        assert session is not None
+        generation = session.generation
+        leased = self._housekeeper.leased
+        epochs = self._write_epochs
+        try:
+            [(written, found, unlocked)] = await self._fetch(
+                "lease_release" if leased else "release",
+                retry=True,  # written by run id, never over another outcome: idempotent
+                run_ids=[r.run_id for r in records],
+                jobs=[r.job for r in records],
+                ticks=[r.scheduled_at for r in records],
+                outcomes=[r.outcome.value for r in records],
+                started=[r.started_at for r in records],
+                finished=[r.finished_at for r in records],
+                errors=[r.error for r in records],
+                epochs=[None if r.run_id is None else epochs.get(r.run_id) for r in records],
+                replica=self.replica_id,
+                unlock_keys=[key for key, _ in unlocking],
+                unlock_runs=[record.run_id for _, record in unlocking],
+            )
+        except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
+            # Lease mode: the lock rows outlive any connection; advisory: the session's locks
+            # live on only with it (the statement was rolled back).
+            kept = leased or (session.connected and session.generation == generation)
+            if kept:  # the session lives on (the statement was rolled back): so do its locks
+                for key, record in unlocking:
+                    self._runs.locks.give_back(key, record.run_id)
+            unlocked_records = [record for _, record in unlocking]
+            self._unwritten = [
+                Release(record, kept and record in unlocked_records) for record in records
+            ] + self._unwritten
+            raise
+        for record in records:
+            if record.run_id is not None:
+                epochs.pop(record.run_id, None)
+        if not leased and session.generation != generation:
+            unlocked = []  # retried on a new session: the locks had died with the old one
+        elif not leased and None in unlocked:
+            refuse_pooler(self._statements, self.replica_id)
+        report_unheld(unlocking, unlocked, self.replica_id, leased=leased)
+        for record, ok, before in zip(records, written, found, strict=True):
+            log_write(record, ok, before, self.replica_id)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        unique, where = once_per_tick(records)  # a record listed twice is recorded once
+        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
+        with self._tokens.attempt(ticks) as tokens:
+            rows = await self._fetch(
+                "record_unclaimed",
+                retry=True,  # the token recognises what a first try recorded
+                jobs=[r.job for r in unique],
+                ticks=[r.scheduled_at for r in unique],
+                outcomes=[r.outcome.value for r in unique],
+                errors=[r.error for r in unique],
+                tokens=tokens,
+                limits=[None if r.manual else r.max_runs for r in unique],
+                replica=self.replica_id,
+                ahead=CLAIM_AHEAD,
+                leased=self._housekeeper.leased,  # how a started run's lock is held
+            )  # fmt: skip
+        found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
+        # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
+        # something else or nothing (somebody has it): not recorded.
+        answers: list[bool | None] = [
+            None if (what := found.get(key)) == "early" else what == "recorded" for key in ticks
+        ]
+        return answer_each(records, answers, where, unrecorded_repeat)
+
+    async def _last_writes(self) -> None:
+        await self._write_pending()
+        if self._tokens:  # else a janitor records their rows abandoned
+            await self._close_lost_claims()
+
+    async def _close_lost_claims(self) -> None:
+        rows = await self._fetch(
+            "close_lost_claims",
+            tokens=self._tokens.tokens(),
+            jobs=self._tokens.jobs(),
+        )
+        for job, tick in rows:
+            logger.warning(
+                "job %r tick %s: its claim's answer was lost; recorded missed", job,
+                tick.isoformat(), extra={"event": "missed", "job": job,
+                                         "tick": tick.isoformat(), "replica": self.replica_id},
+            )  # fmt: skip
+        self._tokens.clear()

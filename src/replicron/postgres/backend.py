@@ -21,43 +21,52 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal, get_args
+
+from psycopg_pool import AsyncConnectionPool
 
 from replicron.backends.base import (
     Claim,
     ClaimRequest,
     Release,
-    RunRecord,
     answer_each,
     once_per_tick,
     taken_repeat,
-    unrecorded_repeat,
 )
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
-from ._advisory import refuse_pooler, report_unheld
+from ._advisory import refuse_pooler
 from ._claims import ClaimRow
 from ._cluster import ClusterMethods, read_namespaces
 from ._housekeeping import Housekeeper
-from ._session import BackendUnavailableError, LockSession
+from ._pooled import BorrowedSession, PooledSession
+from ._probe import check_advisory_locks, open_probe_session
+from ._session import LockSession
 from ._sources import ConnectionSource, conninfo_of
 from ._statements import Statements
 from ._status import JobStatus, ReplicaStatus, job_status, replica_status
 from ._tokens import ClaimTokens
-from ._writes import log_unwritten, log_write
+from ._writes import CLAIM_AHEAD, OutcomeWrites, log_unwritten
 from .migrate import migrate_session
 
-__all__ = ["JobStatus", "LockKeyCollisionError", "PostgresBackend", "ReplicaStatus"]
+__all__ = [
+    "CoordinationMode",
+    "JobStatus",
+    "LockKeyCollisionError",
+    "PostgresBackend",
+    "ReplicaStatus",
+]
+
+#: How replicas coordinate: ``"advisory"`` (a lock session per replica holding a session
+#: advisory lock per running tick) or ``"lease"`` (the ledger row is the lock; no session state,
+#: so a transaction pooler may sit in between). See docs/postgres.md.
+CoordinationMode = Literal["advisory", "lease"]
 
 logger = logging.getLogger(__name__)
 
-#: How far ahead of the database's clock a tick may be claimed: room for the error of the
-#: measured offset, far less than any tick spacing.
-CLAIM_AHEAD = timedelta(milliseconds=250)
 
-
-class PostgresBackend(ClusterMethods):
+class PostgresBackend(OutcomeWrites, ClusterMethods):
     """Coordinates replicas through one PostgreSQL database.
 
     ``namespace`` separates independent deployments sharing a database (lock keys are
@@ -92,10 +101,24 @@ class PostgresBackend(ClusterMethods):
         session_pooler: bool = False,
         retention: timedelta = timedelta(days=14),
         connect_timeout: float = 10.0,
+        coordination: CoordinationMode = "advisory",
     ) -> None:
         if heartbeat_interval <= 0:
             raise ConfigurationError("heartbeat_interval must be positive")
+        if coordination not in get_args(CoordinationMode):
+            raise ConfigurationError(
+                f"coordination must be 'advisory' or 'lease', not {coordination!r}"
+            )
+        leased = coordination == "lease"
+        if leased and (fence_stale_holders or session_pooler):
+            raise ConfigurationError(
+                "fence_stale_holders and session_pooler are advisory mode's: in lease mode a "
+                "frozen holder's lease runs out, and any pooler may sit in between"
+            )
+        self.coordination: CoordinationMode = coordination
         self.conninfo = conninfo_of(conninfo)
+        #: Lease mode on the application's own pool: statements borrow its connections.
+        self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
         self.namespace = namespace
         self.migrate = migrate
         self.heartbeat_interval = heartbeat_interval
@@ -128,7 +151,10 @@ class PostgresBackend(ClusterMethods):
             retention=retention,
             fence_stale_holders=fence_stale_holders,
             write_pending=self._write_pending,
+            leased=leased,
         )
+        #: Lease mode: the epoch each outcome waiting to be written names, by run id.
+        self._write_epochs: dict[int, int | None] = {}
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
 
@@ -158,6 +184,11 @@ class PostgresBackend(ClusterMethods):
     def lock_key(self, job: str) -> int:
         return job_lock_key(self.namespace + job)
 
+    def lease_end(self, run_id: int) -> float | None:
+        """When the locked run ``run_id`` must stop unless a heartbeat renews its lease
+        (``time.monotonic()``, which the command guards read too); ``None`` if it holds none."""
+        return self._runs.lease.end_of(run_id)
+
     def clock_offset(self) -> timedelta | None:
         """How far the database's clock is ahead of this replica's (best recent sample)."""
         return self._housekeeper.offset
@@ -169,19 +200,39 @@ class PostgresBackend(ClusterMethods):
         if on_lock_lost is not None:
             self._on_lock_lost = on_lock_lost
         self._housekeeper.attach(replica_id, self._on_lock_lost)
-        session = self._statements.session = LockSession(
-            self.conninfo,
-            application_name=f"replicron {replica_id}"[:63],
-            connect_timeout=self.connect_timeout,
-            statement_deadline=self.statement_timeout,
-            drop_after=self.stale_after,
-            on_lost=self._housekeeper.session_lost,
-            session_pooler=self.session_pooler,
-        )
+        leased = self._housekeeper.leased
+        session: LockSession
+        options: dict[str, Any] = {
+            "application_name": f"replicron {replica_id}"[:63],
+            "connect_timeout": self.connect_timeout,
+            "statement_deadline": self.statement_timeout,
+            "drop_after": self.stale_after,
+            # Lease mode: nothing is lost with a connection; the leases run out on their own.
+            "on_lost": (lambda: None) if leased else self._housekeeper.session_lost,
+            "session_pooler": self.session_pooler,
+        }
+        if leased and self._pool is not None:
+            session = BorrowedSession(self._pool, **options)
+        elif leased:
+            session = PooledSession(self.conninfo, **options)
+        else:
+            session = LockSession(self.conninfo, **options)
+        self._statements.session = session
         await session.connect()
+        if not leased:
+            try:  # after the connect: a transaction pooler gets its own, clearer refusal
+                await check_advisory_locks(
+                    lambda: open_probe_session(self.conninfo, self.connect_timeout)
+                )
+            except BaseException:
+                await session.close()
+                raise
         if self.migrate:
             await migrate_session(session)
         await self._housekeeper.start()
+        # After the first heartbeat, which says this replica's mode: of two replicas of
+        # different modes starting at once, each sees the other.
+        await self._refuse_mixed_modes()
 
     async def close(self) -> None:
         await self._housekeeper.stop()
@@ -190,10 +241,7 @@ class PostgresBackend(ClusterMethods):
                 await asyncio.wait_for(self._last_writes(), self.statement_timeout)
         if self._session is not None and not self._unreachable():
             with contextlib.suppress(Exception):  # bounded, and shutdown goes on regardless
-                await asyncio.wait_for(
-                    self._fetch("replica_stopped", replica=self.replica_id),
-                    self.statement_timeout,
-                )
+                await asyncio.wait_for(self._stopped(), self.statement_timeout)
         for release in self._unwritten:
             log_unwritten(release.record, self.replica_id)
         self._unwritten.clear()
@@ -201,8 +249,36 @@ class PostgresBackend(ClusterMethods):
             await self._session.close()
         self._runs.close()
 
+    async def _refuse_mixed_modes(self) -> None:
+        others = await self._fetch(
+            "other_modes",
+            retry=True,
+            replica=self.replica_id,
+            coordination=self.coordination,
+            stale_after=timedelta(seconds=self.stale_after),
+        )
+        if others:
+            named = ", ".join(f"{replica} ({mode})" for replica, mode in others)
+            await self.close()
+            raise ConfigurationError(
+                f"namespace {self.namespace!r} has live replicas coordinating in another mode "
+                f"than {self.coordination!r}: {named}. The modes' locks do not see each other: "
+                "stop them all, or give this replica their mode"
+            )
+
+    async def _stopped(self) -> None:
+        """Gone for the others at once; in lease mode, with no lock left behind (in advisory
+        mode closing the session frees them)."""
+        held = self._runs.locks.runs()
+        if self._housekeeper.leased and held:
+            await self._fetch("lease_free", run_ids=held, replica=self.replica_id)
+        await self._fetch("replica_stopped", replica=self.replica_id)
+
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         unique, where = once_per_tick(requests)  # a tick asked for twice: the repeat is TAKEN
+        if self._housekeeper.leased:
+            answers = await self._claim_leased(unique)
+            return answer_each(requests, answers, where, taken_repeat)
         ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         with self._tokens.attempt(ticks) as tokens:
             rows = await self._fetch(
@@ -239,10 +315,79 @@ class PostgresBackend(ClusterMethods):
             answers.append(row.claim(request))
         return answer_each(requests, answers, where, taken_repeat)
 
+    async def _claim_leased(self, unique: Sequence[ClaimRequest]) -> list[Claim]:
+        """Lease mode: the ticks another replica has already are answered from one read, then
+        the others claimed; each won row comes with the epoch this replica holds it in."""
+        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
+        answers = [taken_repeat(request) for request in unique]
+        had = await self._rows_of_others(unique, ticks)
+        trying = [n for n in range(len(unique)) if n not in had]
+        if not trying:
+            return answers
+        with self._tokens.attempt([ticks[n] for n in trying]) as tokens:
+            rows = await self._fetch(
+                "lease_claim",
+                retry=True,  # the token makes a retry recognise the rows its first try inserted
+                jobs=[unique[n].job for n in trying],
+                ticks=[unique[n].scheduled_at for n in trying],
+                locks=[unique[n].lock for n in trying],
+                manual=[unique[n].manual for n in trying],
+                limits=[unique[n].max_runs for n in trying],
+                replica=self.replica_id,
+                tokens=tokens,
+                ahead=CLAIM_AHEAD,
+                stale_after=timedelta(seconds=self.stale_after),
+            )  # fmt: skip
+        sent = self._statements.sent_at()
+        won = {
+            (job, tick.astimezone(UTC)): (ClaimRow(job, tick, run_id, status, holder, False, None),
+                                          epoch)
+            for job, tick, run_id, status, holder, epoch in rows
+        }  # fmt: skip
+        for n in trying:
+            found = won.get(ticks[n])
+            if found is None:  # somebody has it
+                continue
+            row, epoch = found
+            if row.opened is not None:
+                self._runs.claimed(row.opened, epoch)
+            if row.locked_run is not None:
+                self._runs.locked(self.lock_key(unique[n].job), row.locked_run, sent)
+            answers[n] = row.claim(unique[n])
+        return answers
+
+    async def _rows_of_others(
+        self, unique: Sequence[ClaimRequest], ticks: Sequence[tuple[str, datetime]]
+    ) -> set[int]:
+        """Lease mode, among peers: which of the ticks whose instant has come already have a
+        row (their first replica claimed them ahead), read once instead of tried one by one.
+        A tick whose claim's answer this replica lost is tried again, never read."""
+        if len(self.peers) < 2:
+            return set()
+        offset = self.clock_offset() or timedelta(0)
+        now = datetime.now(UTC) + offset
+        due = [
+            n
+            for n, request in enumerate(unique)
+            if not request.manual and request.scheduled_at <= now and ticks[n] not in self._tokens
+        ]
+        if not due:
+            return set()
+        rows = await self._fetch(
+            "lease_unclaimed",
+            retry=True,
+            jobs=[ticks[n][0] for n in due],
+            ticks=[ticks[n][1] for n in due],
+        )
+        free = {due[position - 1] for (position,) in rows}
+        return set(due) - free
+
     async def lock(self, claim: Claim) -> bool:
         key = self.lock_key(claim.job)
         if key in self._runs.locks:  # the session would take it again: it re-enters its locks
             return False
+        if self._housekeeper.leased:
+            return await self._lock_leased(claim, key)
         [(locked,)] = await self._fetch(
             "lock",
             key=key,
@@ -257,115 +402,20 @@ class PostgresBackend(ClusterMethods):
             self._runs.locked(key, claim.run_id, self._statements.sent_at())
         return bool(locked)
 
-    async def release(self, releases: Sequence[Release]) -> None:
-        """Record the outcomes (and drop the locks); an outcome that cannot be written now is
-        kept and written with the next release or heartbeat, on a new session if need be."""
-        self._runs.finished(r.record.run_id for r in releases if r.record.run_id is not None)
-        if self._unreachable():
-            # The server could not be reached a moment ago: the housekeeper writes these with
-            # its next heartbeat, so a shutdown never waits on one more failing reconnect.
-            self._unwritten += [Release(release.record, False) for release in releases]
-            return
-        try:
-            await self._write_outcomes(releases)
-        except BackendUnavailableError as exc:
-            logger.warning(
-                "%d outcomes wait to be written (%s); retrying on a new session",
-                len(self._unwritten), exc, extra={"event": "lock_error",
-                                                  "replica": self.replica_id},
-            )  # fmt: skip
-
-    async def _write_pending(self) -> None:
-        """Write the outcomes whose write failed before, on a new session if need be."""
-        if self._unwritten:
-            await self._write_outcomes([])
-
-    async def _write_outcomes(self, releases: Sequence[Release]) -> None:
-        batch = self._unwritten + list(releases)
-        self._unwritten = []
-        unlocking: list[tuple[int, RunRecord]] = []  # the locks this batch unlocks
-        for record, unlock in batch:
-            key = self.lock_key(record.job)
-            if unlock and self._runs.locks.take(key, record.run_id):
-                unlocking.append((key, record))
-        records = [release.record for release in batch]
-        session = self._session
-        assert session is not None
-        generation = session.generation
-        try:
-            [(written, found, unlocked)] = await self._fetch(
-                "release",
-                retry=True,  # written by run id, never over another outcome: idempotent
-                run_ids=[r.run_id for r in records],
-                jobs=[r.job for r in records],
-                ticks=[r.scheduled_at for r in records],
-                outcomes=[r.outcome.value for r in records],
-                started=[r.started_at for r in records],
-                finished=[r.finished_at for r in records],
-                errors=[r.error for r in records],
-                replica=self.replica_id,
-                unlock_keys=[key for key, _ in unlocking],
-            )
-        except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
-            kept = session.connected and session.generation == generation
-            if kept:  # the session lives on (the statement was rolled back): so do its locks
-                for key, record in unlocking:
-                    self._runs.locks.give_back(key, record.run_id)
-            unlocked_records = [record for _, record in unlocking]
-            self._unwritten = [
-                Release(record, kept and record in unlocked_records) for record in records
-            ] + self._unwritten
-            raise
-        if session.generation != generation:
-            unlocked = []  # retried on a new session: the locks had died with the old one
-        elif None in unlocked:
-            refuse_pooler(self._statements, self.replica_id)
-        report_unheld(unlocking, unlocked, self.replica_id)
-        for record, ok, before in zip(records, written, found, strict=True):
-            log_write(record, ok, before, self.replica_id)
-
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
-        unique, where = once_per_tick(records)  # a record listed twice is recorded once
-        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
-        with self._tokens.attempt(ticks) as tokens:
-            rows = await self._fetch(
-                "record_unclaimed",
-                retry=True,  # the token recognises what a first try recorded
-                jobs=[r.job for r in unique],
-                ticks=[r.scheduled_at for r in unique],
-                outcomes=[r.outcome.value for r in unique],
-                errors=[r.error for r in unique],
-                tokens=tokens,
-                limits=[None if r.manual else r.max_runs for r in unique],
-                replica=self.replica_id,
-                ahead=CLAIM_AHEAD,
-            )  # fmt: skip
-        found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
-        # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
-        # something else or nothing (somebody has it): not recorded.
-        answers: list[bool | None] = [
-            None if (what := found.get(key)) == "early" else what == "recorded" for key in ticks
-        ]
-        return answer_each(records, answers, where, unrecorded_repeat)
-
-    async def _last_writes(self) -> None:
-        await self._write_pending()
-        if self._tokens:  # else a janitor records their rows abandoned
-            await self._close_lost_claims()
-
-    async def _close_lost_claims(self) -> None:
-        rows = await self._fetch(
-            "close_lost_claims",
-            tokens=self._tokens.tokens(),
-            jobs=self._tokens.jobs(),
+    async def _lock_leased(self, claim: Claim, key: int) -> bool:
+        [(locked,)] = await self._fetch(
+            "lease_lock",
+            retry=True,  # a compare-and-set that a second try of the same run passes again
+            job=claim.job,
+            run_id=claim.run_id,
+            epoch=self._runs.epoch_of(claim.run_id),
+            replica=self.replica_id,
+            stale_after=timedelta(seconds=self.stale_after),
         )
-        for job, tick in rows:
-            logger.warning(
-                "job %r tick %s: its claim's answer was lost; recorded missed", job,
-                tick.isoformat(), extra={"event": "missed", "job": job,
-                                         "tick": tick.isoformat(), "replica": self.replica_id},
-            )  # fmt: skip
-        self._tokens.clear()
+        if locked:
+            assert claim.run_id is not None
+            self._runs.locked(key, claim.run_id, self._statements.sent_at())
+        return bool(locked)
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))

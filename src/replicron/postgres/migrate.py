@@ -61,19 +61,22 @@ async def _migrate(
     behind any pooler it stays on one server session, never hangs, and never leaves a lock.
     ``statement_timeout`` (seconds) replaces the connection's for the transaction."""
     applied_now = []
+    # Never prepared (a pool's connection may prepare by default; a migration's several
+    # commands cannot be one prepared statement, and a transaction pooler may lose them).
+    execute = functools.partial(conn.execute, prepare=False)
     async with conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = {_ms(LOCK_TIMEOUT)}")
+        await execute(f"SET LOCAL lock_timeout = {_ms(LOCK_TIMEOUT)}")
         if statement_timeout is not None:
-            await conn.execute(f"SET LOCAL statement_timeout = {_ms(statement_timeout)}")
-        await conn.execute("SELECT pg_advisory_xact_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
-        await conn.execute(_CREATE_TABLE)
-        cursor = await conn.execute("SELECT version FROM replicron_migrations")
+            await execute(f"SET LOCAL statement_timeout = {_ms(statement_timeout)}")
+        await execute("SELECT pg_advisory_xact_lock(%s::bigint)", [MIGRATION_LOCK_KEY])
+        await execute(_CREATE_TABLE)
+        cursor = await execute("SELECT version FROM replicron_migrations")
         done = {row[0] for row in await cursor.fetchall()}
         for migration in migrations():
             if migration.version in done:
                 continue
-            await conn.execute(migration.sql.encode())
-            await conn.execute(
+            await execute(migration.sql.encode())
+            await execute(
                 "INSERT INTO replicron_migrations (version, name) VALUES (%s, %s)",
                 [migration.version, migration.name],
             )

@@ -228,7 +228,8 @@ WITH request AS MATERIALIZED (
         GROUP BY job
         ORDER BY job  -- the same order as the claims': their locks cannot deadlock
     ) AS jobs
-    WHERE replicron_runs_reached(%(namespace)s, jobs.job, jobs.max_runs, %(tokens)s::uuid[])
+    WHERE replicron_runs_reached(%(namespace)s, jobs.job, jobs.max_runs, %(tokens)s::uuid[],
+                                 %(leased)s)
 ), due AS MATERIALIZED (
     SELECT request.* FROM request, session
     WHERE scheduled_at <= session.recordable_until
@@ -252,10 +253,14 @@ WITH request AS MATERIALIZED (
 ), closed AS (
     UPDATE replicron_runs run
     SET outcome = mine.new_outcome, error = mine.new_error, finished_at = now(),
-        heartbeat_at = NULL
+        heartbeat_at = NULL, lease_until = NULL
     FROM mine
     WHERE run.run_id = mine.run_id AND (mine.outcome IS NULL OR mine.outcome = 'abandoned')
-    RETURNING run.job, run.scheduled_at
+    RETURNING run.run_id, run.job, run.scheduled_at
+), freed AS (  -- lease mode: a lock the lost claim took is freed with its row
+    UPDATE replicron_job_locks held
+    SET run_id = NULL, replica_id = NULL, lease_until = NULL
+    WHERE held.namespace = %(namespace)s AND held.run_id IN (SELECT run_id FROM closed)
 )
 SELECT job, scheduled_at, 'recorded' FROM inserted
 UNION ALL
@@ -269,14 +274,32 @@ WHERE scheduled_at > session.recordable_until;
 
 -- name: close_lost_claims
 -- At shutdown: rows this replica inserted with claims whose answers were lost (it never ran
--- them) are recorded missed rather than left open, or left abandoned by a janitor.
-UPDATE replicron_runs
-SET outcome = 'missed', finished_at = now(), heartbeat_at = NULL,
-    error = 'claimed, but the claim''s answer was lost with the connection; not run'
-WHERE namespace = %(namespace)s AND claim_token = ANY(%(tokens)s::uuid[])
-  AND (outcome IS NULL OR outcome = 'abandoned')
-  AND job = ANY(%(jobs)s::text[])
-RETURNING job, scheduled_at;
+-- them) are recorded missed rather than left open, or left abandoned by a janitor; a job lock
+-- such a claim took (lease mode) is freed.
+WITH closed AS (
+    UPDATE replicron_runs
+    SET outcome = 'missed', finished_at = now(), heartbeat_at = NULL, lease_until = NULL,
+        error = 'claimed, but the claim''s answer was lost with the connection; not run'
+    WHERE namespace = %(namespace)s AND claim_token = ANY(%(tokens)s::uuid[])
+      AND (outcome IS NULL OR outcome = 'abandoned')
+      AND job = ANY(%(jobs)s::text[])
+    RETURNING run_id, job, scheduled_at
+), freed AS (
+    UPDATE replicron_job_locks held
+    SET run_id = NULL, replica_id = NULL, lease_until = NULL
+    WHERE held.namespace = %(namespace)s AND held.run_id IN (SELECT run_id FROM closed)
+)
+SELECT job, scheduled_at FROM closed;
+
+-- name: other_modes
+-- The live replicas of the namespace that coordinate in another mode than this one's: the two
+-- modes' locks do not see each other, so a namespace's replicas must agree. A replica whose
+-- heartbeats name no mode predates them (migration 0005): it coordinates through advisory locks.
+SELECT replica_id, coalesce(coordination, 'advisory') FROM replicron_replicas
+WHERE namespace = %(namespace)s AND replica_id <> %(replica)s AND stopped_at IS NULL
+  AND coalesce(coordination, 'advisory') <> %(coordination)s
+  AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval)
+ORDER BY replica_id;
 
 -- name: heartbeat
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
@@ -292,11 +315,13 @@ WITH refreshed AS (
     RETURNING run_id
 ), seen AS (
     INSERT INTO replicron_replicas AS r
-        (namespace, replica_id, backend_pid, clock_offset_ms, last_seen, stale_after)
+        (namespace, replica_id, backend_pid, clock_offset_ms, last_seen, stale_after,
+         coordination)
     VALUES (%(namespace)s, %(replica)s, pg_backend_pid(), %(offset_ms)s, now(),
-            %(stale_after)s::interval)
+            %(stale_after)s::interval, 'advisory')
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
+        coordination = excluded.coordination,
         last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after,
         -- A replica id used again by a new process (a restarted container): it starts anew.
         started_at = CASE WHEN r.stopped_at IS NOT NULL
@@ -319,6 +344,17 @@ SELECT (pg_backend_pid() = %(pid)s
 -- name: clock_sample
 -- A cheap round trip to measure the offset of this replica's clock from the database's.
 SELECT pg_backend_pid(), clock_timestamp();
+
+-- name: probe_version
+-- The advisory-lock probe (_probe.py): which server this is, to name it in a refusal.
+SELECT version();
+
+-- name: probe_try_lock
+-- The probe's lock is in the two-int key space, which never meets the jobs' bigint keys.
+SELECT pg_try_advisory_lock(%(k1)s::int, %(k2)s::int);
+
+-- name: probe_unlock
+SELECT pg_advisory_unlock(%(k1)s::int, %(k2)s::int);
 
 -- name: last_ticks
 -- The latest tick of each job (manual runs are not ticks of its trigger).

@@ -52,6 +52,12 @@ CREATE TABLE replicron_runs (
     -- A manual run (Job.run_now), at the instant it was asked for (the engine picks it off
     -- the job's ticks); catch-up and max_runs leave it out.
     manual        boolean     NOT NULL DEFAULT false,
+    -- Lease mode: bumped when somebody else ends the row while its claimant may still run it
+    -- (a janitor that took its replica for dead); every write of the claimant names the epoch
+    -- it holds, so a late writer from an old epoch never records anything over the new one.
+    epoch         integer     NOT NULL DEFAULT 0,
+    -- Lease mode: until when the open row is its claimant's (the database's clock).
+    lease_until   timestamptz,
     CONSTRAINT replicron_runs_tick_key UNIQUE (namespace, job, scheduled_at)
 );
 
@@ -120,6 +126,8 @@ CREATE TABLE replicron_replicas (
     -- The replica's own stale_after: a reader with other settings (the CLI) tells it alive
     -- by it.
     stale_after     interval,
+    -- The mode the replica coordinates in ('advisory' or 'lease'): a namespace's agree.
+    coordination    text,
     PRIMARY KEY (namespace, replica_id)
 );
 
@@ -154,10 +162,54 @@ CREATE TABLE replicron_paused (
     PRIMARY KEY (namespace, job)
 );
 
+-- Each job's lock in lease mode (overlap "skip" and "queue" across the cluster): the run that
+-- holds it, until when (renewed with the run's row), and how often it changed hands. A lock
+-- whose lease ran out is taken over by a compare-and-set on this row.
+CREATE TABLE replicron_job_locks (
+    namespace   text        NOT NULL,
+    job         text        NOT NULL,
+    run_id      bigint,
+    replica_id  text,
+    epoch       bigint      NOT NULL DEFAULT 0,
+    lease_until timestamptz,
+    PRIMARY KEY (namespace, job)
+);
+
+-- replicron_runs_reached for either mode: with p_leased an open row started under the lock
+-- counts while replicron_job_locks names it, not while a server session holds the advisory
+-- lock. (The four-argument form stays for replicas not yet upgraded.)
+CREATE FUNCTION replicron_runs_reached(
+    p_namespace text, p_job text, p_limit integer, p_mine uuid[], p_leased boolean
+) RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtext('replicron_runs_reached'),
+                                 hashtext(p_namespace || '/' || p_job));
+    SELECT coalesce((SELECT pruned.runs FROM replicron_pruned_runs pruned
+                     WHERE pruned.namespace = p_namespace AND pruned.job = p_job), 0)
+           + count(*) >= p_limit
+    FROM replicron_runs run
+    WHERE run.namespace = p_namespace AND run.job = p_job AND NOT run.manual
+      AND NOT coalesce(run.claim_token = ANY(p_mine), false)
+      AND (run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')
+           OR run.outcome IS NULL AND (
+               run.started_at IS NULL
+               OR p_leased AND EXISTS (
+                   SELECT 1 FROM replicron_job_locks held
+                   WHERE held.namespace = run.namespace AND held.job = run.job
+                     AND held.run_id = run.run_id)
+               OR NOT p_leased AND EXISTS (
+                   SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                     AND l.pid = run.backend_pid
+                     AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
+                     AND l.database = (SELECT oid FROM pg_database
+                                       WHERE datname = current_database()))));
+$$;
+
 INSERT INTO replicron_migrations (version, name) VALUES
     (1, 'initial'),
     (2, 'claim_tokens_and_replicas'),
     (3, 'manual_and_limited_runs'),
-    (4, 'job_registry_and_pauses');
+    (4, 'job_registry_and_pauses'),
+    (5, 'row_leases');
 
 COMMIT;

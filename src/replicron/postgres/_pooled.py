@@ -1,0 +1,95 @@
+"""The session of lease mode: a connection that holds no state of replicron's.
+
+Lease mode locks nothing on the server session: every statement is its own transaction and
+names, in its parameters, everything it needs (the claimant, the claim token, the epoch). So
+the connection may go through a transaction pooler (each statement may land on another server
+session), and losing it loses nothing: the next statement opens a new one, and the runs this
+replica holds go on under their leases, which only a heartbeat that got through renews.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ._session import BackendUnavailableError, LockSession, _CannotConnect, _close_quietly
+
+__all__ = ["BorrowedSession", "PooledSession"]
+
+
+class PooledSession(LockSession):
+    """One statement at a time on a connection made from the conninfo, with the lock session's
+    deadlines and keepalives, but no probe for a pooler and nothing set on the server session
+    (a pooler would hand that setting to another client)."""
+
+    async def _connect_locked(self) -> None:
+        if self._invalid:
+            await self._drop()
+        if self.connected:
+            return
+        conn = await self._open_connection("cannot connect to PostgreSQL")
+        self._conn, self.backend_pid, self._invalid = conn, None, False
+        self.generation += 1
+
+    async def close(self) -> None:
+        async with self._serial:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await _close_quietly(conn)
+        for orphan in list(self._orphans):
+            orphan.cancel()
+        if self._orphans:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._orphans), timeout=1.0)
+
+
+class BorrowedSession(PooledSession):
+    """Lease mode on the application's own ``psycopg_pool.AsyncConnectionPool``: each statement
+    borrows a connection for its own transaction and gives it back; the replica keeps none."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], **options: Any) -> None:
+        super().__init__(pool.conninfo if isinstance(pool.conninfo, str) else "", **options)
+        self._pool = pool
+
+    @property
+    def connected(self) -> bool:
+        return not self._pool.closed and not self._invalid
+
+    async def _connect_locked(self) -> None:
+        self._invalid = False
+
+    @contextlib.asynccontextmanager
+    async def _connected(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._serial:
+            try:
+                borrowing = self._pool.connection(timeout=self.connect_timeout)
+                conn = await borrowing.__aenter__()
+            except (psycopg.Error, PoolTimeout) as exc:
+                self.connect_failed_at = time.monotonic()
+                raise _CannotConnect(f"no connection from the pool: {exc}") from exc
+            self.connect_failed_at = None
+            failure: BaseException | None = None
+            try:
+                async with conn.transaction():
+                    yield conn
+            except TimeoutError as exc:
+                failure = exc
+                raise BackendUnavailableError(f"the pool's connection gave {exc}") from exc
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                await borrowing.__aexit__(None if failure is None else type(failure), failure, None)
+
+    async def close(self) -> None:
+        for orphan in list(self._orphans):
+            orphan.cancel()
+        if self._orphans:
+            with contextlib.suppress(Exception):
+                await asyncio.wait(set(self._orphans), timeout=1.0)
