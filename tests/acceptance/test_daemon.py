@@ -230,7 +230,9 @@ def ledger_row(read: Callable[[], list[Row]], run_id: int, outcome: str) -> Row:
 
 
 def backend_label(settings: Mapping[str, object]) -> str:
-    return "PostgreSQL" if "database_url" in settings else "embedded"
+    if "database_url" not in settings:
+        return "embedded"
+    return f"PostgreSQL, {settings.get('coordination', 'advisory')} coordination"
 
 
 def three_daemons_each_tick_once(
@@ -332,13 +334,14 @@ def test_three_daemons_on_one_state_dir_run_each_tick_once(
     )
 
 
+@pytest.mark.parametrize("coordination", ["advisory", "lease"])
 def test_three_daemons_on_postgresql_run_each_tick_once(
-    daemons: Daemons, dsn: str, summary: Summary
+    daemons: Daemons, dsn: str, summary: Summary, coordination: str
 ) -> None:
     namespace = f"daemon-{uuid.uuid4().hex[:8]}"
     three_daemons_each_tick_once(
         daemons,
-        {"database_url": dsn, "namespace": namespace},
+        {"database_url": dsn, "namespace": namespace, "coordination": coordination},
         lambda: postgres_ledger(dsn, namespace, "tick"),
         ["--database-url", dsn, "--namespace", namespace],
         summary,
@@ -346,6 +349,12 @@ def test_three_daemons_on_postgresql_run_each_tick_once(
         # hashing, _engine/capacity.py): the others run them once it is gone.
         hand_over=True,
     )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        modes = conn.execute(
+            "SELECT DISTINCT coordination FROM replicron_replicas WHERE namespace = %s",
+            (namespace,),
+        ).fetchall()
+    assert modes == [(coordination,)]  # each daemon ran in the mode its config named
 
 
 # ---- 3: SIGTERM during a run ------------------------------------------------------------

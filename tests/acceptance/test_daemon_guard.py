@@ -25,7 +25,7 @@ pytestmark = [
 
 def guarded(script: str) -> subprocess.CompletedProcess[str]:
     """Run ``sh -c script`` under the guard, as the daemon does (a session of its own)."""
-    argv = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "sh", "-c", script]
+    argv = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "-", "sh", "-c", script]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, start_new_session=True)
 
 
@@ -51,7 +51,7 @@ def test_the_programs_exit_is_the_guards() -> None:
 
 
 def test_a_missing_program_says_so() -> None:
-    argv = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "/no/such/program"]
+    argv = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "-", "/no/such/program"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert done.returncode == 127
     assert "cannot run '/no/such/program': No such file or directory" in done.stderr
@@ -79,7 +79,7 @@ def test_the_group_and_a_child_that_left_it_die_with_the_daemon(tmp_path: Path) 
     )
     daemon = (
         "import os, subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-I', '-S', {str(GUARD)!r}, str(os.getpid()),"
+        f"subprocess.Popen([sys.executable, '-I', '-S', {str(GUARD)!r}, str(os.getpid()), '-',"
         f" sys.executable, '-c', {program!r}], start_new_session=True)\n"
         "time.sleep(60)\n"
     )
@@ -99,3 +99,33 @@ def test_the_group_and_a_child_that_left_it_die_with_the_daemon(tmp_path: Path) 
         10,
     )
     assert time.monotonic() - began < 10
+
+
+def test_the_group_dies_at_the_leases_end_unless_it_was_renewed() -> None:
+    """The daemon writes each new end of the run's lease to the guard; a daemon frozen past it
+    writes nothing more, and the guard kills the group at that end by itself."""
+    read_end, write_end = os.pipe()
+    argv = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), str(read_end), "sleep", "60"]
+    guard = subprocess.Popen(argv, pass_fds=(read_end,), start_new_session=True)
+    os.close(read_end)
+    try:
+        first_end = time.monotonic() + 1.0
+        os.write(write_end, f"{first_end!r}\n".encode())
+        renewed_end = time.monotonic() + 3.0
+        os.write(write_end, f"{renewed_end!r}\n".encode())  # a heartbeat got through
+        status = guard.wait(20)
+        ended = time.monotonic()
+    finally:
+        os.close(write_end)
+        guard.kill()
+    assert status == -signal.SIGKILL
+    assert renewed_end <= ended < renewed_end + 2.0, (ended - first_end, ended - renewed_end)
+    poll_until("the whole group to go", lambda: not _group_alive(guard.pid) or None, 10)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -184,7 +184,8 @@ def test_check_with_the_database_url_from_the_environment(tmp_path: Path) -> Non
     result = replicron("check", str(path), env={"REPLICRON_DATABASE_URL": url})
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[0] == (
-        f"{path}: 3 jobs on PostgreSQL (namespace ''), time zone Europe/Paris"
+        f"{path}: 3 jobs on PostgreSQL (namespace '', advisory coordination), time zone "
+        "Europe/Paris"
     )
     assert "s3cret" not in result.stdout + result.stderr
 

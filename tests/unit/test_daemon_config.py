@@ -20,8 +20,9 @@ import pytest
 
 from replicron.daemon import ConfigError, DaemonConfig, JobConfig, check_config
 from replicron.daemon._build import make_trigger
-from replicron.daemon._daemon import preview, validate
+from replicron.daemon._daemon import make_backend, preview, validate
 from replicron.daemon.config import load_config, parse_config
+from replicron.postgres import PostgresBackend
 from replicron.triggers import upcoming
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -372,6 +373,22 @@ BAD = [
         '[scheduler]\nconcurrency_mode = "drop"\n',
         "concurrency_mode: must be one of 'queue', 'skip', not 'drop'",
         id="concurrency-mode",
+    ),
+    pytest.param(
+        '[scheduler]\ncoordination = "locks"\n',
+        "coordination: must be one of 'advisory', 'lease', not 'locks'",
+        id="coordination",
+    ),
+    pytest.param(
+        '[scheduler]\nstate_dir = "/st"\ncoordination = "lease"\n',
+        "[scheduler]: coordination 'lease' is PostgreSQL's (database_url)",
+        id="lease-on-embedded",
+    ),
+    pytest.param(
+        '[scheduler]\ndatabase_url = "postgresql://h/d"\ncoordination = "lease"\n'
+        "session_pooler = true\n",
+        "[scheduler]: session_pooler is advisory coordination's: unset it",
+        id="lease-with-session-pooler",
     ),
     pytest.param(
         '[scheduler]\nstale_after = "0s"\n',
@@ -777,6 +794,19 @@ def test_environment_settings_override_the_file() -> None:
     assert (settings.stop_timeout, settings.max_workers) == (timedelta(seconds=5), 3)
     assert settings.backend_kind == "embedded"
     assert (settings.migrate, settings.session_pooler) == (True, False)
+    assert settings.coordination == "advisory"
+
+
+def test_replicron_coordination_picks_lease_mode_for_the_backend() -> None:
+    text = '[scheduler]\ndatabase_url = "postgresql://u@db.example/jobs"\n'
+    settings = parsed(text, {"REPLICRON_COORDINATION": " Lease"}).scheduler
+    assert settings.coordination == "lease"
+    backend = make_backend(settings)  # connects only when the scheduler opens it
+    assert isinstance(backend, PostgresBackend)
+    assert backend.coordination == "lease"
+    default = make_backend(parsed(text).scheduler)
+    assert isinstance(default, PostgresBackend)
+    assert default.coordination == "advisory"
 
 
 def test_replicron_state_dir_replaces_the_files_database_url() -> None:

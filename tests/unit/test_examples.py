@@ -40,5 +40,5 @@ def test_the_config_in_the_kubernetes_example_is_valid(tmp_path: Path) -> None:
     config = tmp_path / "jobs.toml"
     config.write_text("".join(line[4:] + "\n" for line in found.group(1).splitlines()))
     output = _checked(config)
-    assert "on PostgreSQL (namespace 'prod/')" in output
+    assert "on PostgreSQL (namespace 'prod/', advisory coordination)" in output
     assert "secret" not in output

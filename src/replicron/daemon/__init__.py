@@ -76,7 +76,7 @@ def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
     assert config is not None
     settings = config.scheduler
     backend = (
-        f"PostgreSQL (namespace {settings.namespace!r})"
+        f"PostgreSQL (namespace {settings.namespace!r}, {settings.coordination} coordination)"
         if settings.database_url
         else f"embedded (state in {os.path.abspath(settings.state_dir or '.replicron')})"
     )

@@ -36,7 +36,7 @@ READY_WITHIN = 3 * CLUSTER_EVERY
 LOOP_STALL = 10.0
 #: Settings that only a restart applies (a reload says so and keeps the running ones).
 _RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_id",
-                 "migrate", "session_pooler",
+                 "migrate", "session_pooler", "coordination",
                  "max_workers", "max_concurrent_jobs", "concurrency_mode", "http",
                  "heartbeat_interval", "stale_after", "log_format")  # fmt: skip
 
@@ -50,6 +50,7 @@ def make_backend(settings: SchedulerConfig) -> Backend:
             namespace=settings.namespace,
             migrate=settings.migrate,
             session_pooler=settings.session_pooler,
+            coordination=settings.coordination,  # type: ignore[arg-type]
             heartbeat_interval=settings.heartbeat_interval.total_seconds(),
             stale_after=None
             if settings.stale_after is None
@@ -192,10 +193,12 @@ class Daemon:
             where = (settings.database_url and mask_dsn(settings.database_url)) or os.path.abspath(
                 settings.state_dir or ".replicron"
             )
+            kind = settings.backend_kind
+            if settings.database_url:
+                kind += f", {settings.coordination} coordination"
             logger.info(
                 "started replica %s with %d jobs on %s (%s)", scheduler.replica_id,
-                len(self.config.jobs), settings.backend_kind, where,
-                extra={"event": "daemon_started"},
+                len(self.config.jobs), kind, where, extra={"event": "daemon_started"},
             )  # fmt: skip
             await self._serve_signals()
             stop_timeout = self.config.scheduler.stop_timeout.total_seconds()

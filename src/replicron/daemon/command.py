@@ -39,6 +39,8 @@ ERROR_LINES = 10
 #: Leads each command's process group, and kills it when the daemon dies (see _guard).
 _GUARD = (sys.executable, "-I", "-S", str(Path(__file__).with_name("_guard.py")))
 _CHUNK = 65536
+#: How often the guard is told of a renewed lease (seconds): far less than a heartbeat.
+_LEASE_FEED = 0.2
 _MAX_LINE = 8192  # longer lines are logged in pieces
 
 
@@ -100,18 +102,32 @@ class CommandTask:
         }
         label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
         loop = asyncio.get_running_loop()
-        transport, protocol = await loop.subprocess_exec(
-            lambda: _ExitProtocol(loop),
-            *_GUARD,
-            str(os.getpid()),
-            *self.argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=self.cwd,
-            start_new_session=True,  # its own process group (and session): killed as one
-        )
+        # A run under a lease tells the guard when it ends (see _guard): so the group dies at
+        # the lease's end even if this daemon is frozen then.
+        lease = os.pipe() if run.lease_deadline is not None else None
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitProtocol(loop),
+                *_GUARD,
+                str(os.getpid()),
+                "-" if lease is None else str(lease[0]),
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group (and session): killed as one
+                pass_fds=() if lease is None else (lease[0],),
+            )
+        except BaseException:
+            if lease is not None:
+                os.close(lease[1])
+            raise
+        finally:
+            if lease is not None:
+                os.close(lease[0])
+        feeder = None if lease is None else asyncio.ensure_future(_feed_lease(run, lease[1]))
         process = asyncio.subprocess.Process(transport, protocol, loop)
         exited = protocol.exited
         group = process.pid
@@ -136,6 +152,9 @@ class CommandTask:
             # Whatever the program left behind in its group goes with the run: a run is over
             # when it is recorded, and nothing of it may overlap the next one.
             _kill_group(group, signal.SIGKILL)
+            if feeder is not None and lease is not None:
+                feeder.cancel()
+                os.close(lease[1])
             await _drain(pumps)
             transport.close()  # its pipes too, held open by a process that left the group
         if status != 0:
@@ -168,6 +187,20 @@ class CommandTask:
         _kill_group(group, signal.SIGKILL)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(exited)
+
+
+async def _feed_lease(run: RunContext, pipe: int) -> None:
+    """Tell the guard each new end of the run's lease (a heartbeat renewed it). A lease that
+    ended (lost) is not written: the daemon kills the group itself then."""
+    os.set_blocking(pipe, False)
+    told: float | None = None
+    while True:
+        ends = run.lease_deadline
+        if ends is not None and ends != told:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                os.write(pipe, f"{ends!r}\n".encode())
+                told = ends
+        await asyncio.sleep(_LEASE_FEED)
 
 
 def _kill_group(group: int, signum: int) -> None:

@@ -58,6 +58,7 @@ class SchedulerConfig:
     log_format: str = "text"
     migrate: bool = True
     session_pooler: bool = False
+    coordination: str = "advisory"
 
     @property
     def backend_kind(self) -> str:
@@ -130,6 +131,7 @@ _CHOICES = {
     "concurrency_mode": ("queue", "skip"),
     "log_level": ("DEBUG", "INFO", "WARNING", "ERROR"),
     "log_format": ("text", "json"),
+    "coordination": ("advisory", "lease"),
 }
 
 
@@ -231,6 +233,11 @@ class _Reader:
                 f"{where}: stale_after ({stale_after}) must be longer than heartbeat_interval "
                 f"({heartbeat})"
             )
+        lease = values.get("coordination") == "lease"
+        if lease and not values.get("database_url"):
+            self.problems.append(f"{where}: coordination 'lease' is PostgreSQL's (database_url)")
+        elif lease and values.get("session_pooler"):
+            self.problems.append(f"{where}: session_pooler is advisory coordination's: unset it")
         if values.get("database_url") and values.get("state_dir"):
             self.problems.append(
                 f"{where}: set database_url (PostgreSQL) or state_dir (embedded), not both"
@@ -260,6 +267,8 @@ class _Reader:
             return value
         if key in ("log_level",) and isinstance(value, str):
             value = value.upper()
+        if key in ("coordination",) and isinstance(value, str):
+            value = value.strip().lower()
         text = _string(value)
         if key in _CHOICES and text not in _CHOICES[key]:
             raise ValueProblem(
