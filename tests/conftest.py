@@ -48,7 +48,12 @@ def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a scenario's summary line: printed now (captured) and at the end of the run,
     in its suite's section."""
     sections = request.config.stash.setdefault(SUMMARY, {})
-    return summary_recorder(sections.setdefault(f"{suite_of(request.path)} summary", []))
+    record = summary_recorder(sections.setdefault(f"{suite_of(request.path)} summary", []))
+    callspec = getattr(request.node, "callspec", None)
+    mode = None if callspec is None else callspec.params.get("coordination")
+    if mode is None:
+        return record
+    return lambda line: record(f"({mode} mode) {line}")  # a test run in both modes says which
 
 
 @pytest.hookimpl(wrapper=True)

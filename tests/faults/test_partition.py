@@ -5,6 +5,7 @@ frozen process whose session still holds the lock, nobody may), and the records 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -12,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.faults.analysis import Window
+from tests.faults.analysis import Window, assert_invariants
 from tests.faults.cluster import Database
-from tests.faults.fleet import Fleet
+from tests.faults.fleet import Fleet, both_modes
 from tests.faults.netns import NetworkNamespace
 from tests.faults.proxy import HangingProxy
 
@@ -48,6 +49,21 @@ def finish_of(replicas: Fleet, run: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def freeze_the_holder(replicas: Fleet) -> tuple[dict[str, Any], dict[str, float], float]:
+    """r1 starts a run of the one job, r2 joins, and a second into the run r1 is frozen
+    (SIGSTOP). Runs outlast the freeze, so the frozen run is still going when it wakes. The
+    run's start event, r2's ready time and when r1 was frozen (monotonic)."""
+    replicas.start("r1", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
+    replicas.wait_ready(["r1"])
+    victim = first_start(replicas, "r1")
+    replicas.start("r2", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
+    ready = replicas.wait_ready(["r2"])
+    time.sleep(max(0.0, float(victim["mono"]) + 1.0 - time.monotonic()))
+    replicas.pause("r1")
+    return victim, ready, time.monotonic()
+
+
+@both_modes
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("heartbeat", "stale"), [(HEARTBEAT, STALE), (5.0, 15.0)], ids=["fast", "defaults"]
@@ -176,15 +192,7 @@ def test_sigstop_of_the_holder_past_staleness(
     lock holds: nobody may start the job, the janitor must not write the run off, the other
     replicas warn that the job is blocked; once it wakes, it stops the run at once (its lease
     ran out meanwhile) and the job moves on."""
-    # Runs longer than the freeze, so the frozen run is still going when it wakes.
-    replicas.start("r1", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
-    replicas.wait_ready(["r1"])
-    victim = first_start(replicas, "r1")
-    replicas.start("r2", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
-    ready = replicas.wait_ready(["r2"])
-    time.sleep(max(0.0, float(victim["mono"]) + 1.0 - time.monotonic()))
-    replicas.pause("r1")
-    frozen_at = time.monotonic()
+    victim, ready, frozen_at = freeze_the_holder(replicas)
     time.sleep(5 * STALE)
     assert runs_of_others(replicas, victim["pid"], frozen_at) == [], "ran while r1 was frozen"
     [(outcome,)] = db.rows("SELECT outcome FROM replicron_runs WHERE run_id = %s",
@@ -220,10 +228,60 @@ def test_sigstop_of_the_holder_past_staleness(
     assert not _overwritten(replicas)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("coordination", ["lease"])
+def test_sigstop_of_the_holder_past_its_lease(
+    replicas: Fleet, db: Database, summary: Summary
+) -> None:
+    """Lease mode: a frozen process holds nothing on the server, so once its lease has run out
+    another replica takes the job over while it sleeps. Woken, its run reads as cancelled
+    before it does anything more, is recorded abandoned, and writes nothing over the run that
+    took over. The frozen run counts as ended when it was frozen, since it did nothing after."""
+    victim, ready, frozen_at = freeze_the_holder(replicas)
+    taken = replicas.wait_until(
+        "r2 to take the job over",
+        lambda: runs_of_others(replicas, victim["pid"], frozen_at) or None,
+        STALE + 10 * HEARTBEAT + 5,
+    )[0]
+    time.sleep(max(0.0, float(taken["mono"]) + 2.0 - time.monotonic()))
+    woke = time.monotonic()
+    replicas.resume("r1")
+    stopped = replicas.wait_until("r1 to stop its run", lambda: finish_of(replicas, victim), 10)
+    window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
+    replicas.wait_window_end(window)
+    codes = replicas.stop()
+    analysis = replicas.analyse(window)
+    fenced = stopped["cancelled"] is True and float(stopped["mono"]) - woke < 0.5
+    # Fenced, the frozen run did nothing after the freeze: it overlaps only what started before.
+    others = [
+        (a, b) for a, b in analysis.overlaps
+        if not (fenced and a.run_id == victim["run_id"] and b.start_mono >= frozen_at)
+    ]  # fmt: skip
+    analysis = dataclasses.replace(analysis, overlaps=others)
+    assert_invariants(analysis)
+    [row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
+    [taken_row] = [row for row in analysis.ledger if row.run_id == taken["run_id"]]
+    summary(
+        f"[SIGSTOP of the holder for {woke - frozen_at:.1f} s, stale_after {STALE} s] "
+        f"{analysis} (the frozen run ends at the freeze) | r2 took the job over "
+        f"{float(taken['mono']) - frozen_at:.2f} s after the freeze; after SIGCONT the frozen "
+        f"run stopped in {float(stopped['mono']) - woke:.3f} s "
+        f"(cancelled={stopped['cancelled']}); frozen row {row.outcome!r} ({row.error}); "
+        f"r2's row {taken_row.outcome!r} exit={codes}"
+    )
+    assert fenced, f"the woken run went on: {stopped}"
+    # Not before the frozen run's lease ended: renewed at most a heartbeat before the freeze,
+    # it lasted stale_after from then; and not much after it.
+    took = float(taken["mono"]) - frozen_at
+    assert STALE - HEARTBEAT - 0.1 <= took < STALE + 10 * HEARTBEAT
+    assert row.outcome == "abandoned"
+
+
 def _overwritten(replicas: Fleet) -> bool:
     return "replaced 'abandoned'" in replicas.logs()
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_shutdown_while_cut_off_is_bounded(
     replicas: Fleet, netns: NetworkNamespace, summary: Summary

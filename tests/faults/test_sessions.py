@@ -15,7 +15,7 @@ import pytest
 
 from tests.faults.analysis import Analysis, Run, Window, monotonic_at
 from tests.faults.cluster import Database, PgCluster
-from tests.faults.fleet import Fleet
+from tests.faults.fleet import Fleet, both_modes
 from tests.faults.netns import NetworkNamespace
 
 Summary = Callable[[str], None]
@@ -85,6 +85,7 @@ def kill_during_the_outcome_write(replicas: Fleet, db: Database, run: dict[str, 
     return True
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_lock_session_terminated_while_the_outcome_is_written(
     replicas: Fleet, db: Database, summary: Summary
@@ -118,6 +119,7 @@ def test_lock_session_terminated_while_the_outcome_is_written(
     assert len(later) >= 2, "the job stopped running after its outcome could not be written"
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_lock_session_terminated_while_idle_loses_no_tick(
     replicas: Fleet, db: Database, summary: Summary
@@ -144,6 +146,7 @@ def test_lock_session_terminated_while_idle_loses_no_tick(
     assert unrun == 0, analysis.unrun
 
 
+@both_modes
 @pytest.mark.timeout(120)
 def test_claims_whose_answers_are_lost_leave_no_open_row(
     replicas: Fleet, netns: NetworkNamespace, summary: Summary
@@ -176,6 +179,7 @@ def _next_whole_second_mono() -> float:
     return time.monotonic() + (int(now) + 1 - now)
 
 
+@both_modes
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("fault", ["terminate all sessions", "server restart", "server down 4 s"])
 def test_server_faults_leave_every_tick_recorded(
