@@ -49,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--period", type=int, required=True, help="seconds between ticks")
     parser.add_argument("--task-ms", type=float, default=5.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--coordination", choices=("advisory", "lease"), default="advisory")
     args = parser.parse_args(argv)
     TASK_SECONDS = args.task_ms / 1000.0
     logging.basicConfig(
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counting = Counting()
     began = time.monotonic()
     scheduler = replicron.Scheduler(
-        backend=PostgresBackend(args.dsn, migrate=False),
+        backend=PostgresBackend(args.dsn, migrate=False, coordination=args.coordination),
         replica_id=args.replica_id,
         listeners=[counting],
     )

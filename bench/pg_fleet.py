@@ -4,13 +4,17 @@ PostgreSQL, measured and set against bench/scale_model.py's figures for the same
     .venv/bin/python bench/pg_fleet.py  # 12 x 2,000 every 10 s
     .venv/bin/python bench/pg_fleet.py --period 60 --bursts 3
     .venv/bin/python bench/pg_fleet.py --dsn postgresql://postgres@127.0.0.1/test  # a server
+    .venv/bin/python bench/pg_fleet.py --coordination lease  # PostgresBackend(coordination=)
+    .venv/bin/python bench/pg_fleet.py --coordination lease --pgbouncer 10 --replicas 100 \
+        --jobs 600 --bursts 10  # through pgbouncer in transaction mode, 10 server connections
 
 By default it starts a throwaway cluster as bench/pg_scale.py does (bench/_pg_scale_server.py:
 fsync on, pg_stat_statements) and removes it at the end. ``--replicas`` processes
 (bench/_pg_fleet_replica.py) each register the same ``--jobs`` jobs, ``every(seconds=period)``
 with a sync task of ``--task-ms``, on the scheduler's defaults (10 worker threads,
-``PostgresBackend(url)``). After a warm-up, a window of ``--bursts`` whole periods is measured;
-it opens and closes half a second before an instant, so it holds whole bursts.
+``PostgresBackend(url, coordination=...)``, advisory unless ``--coordination lease``). After
+a warm-up, a window of ``--bursts`` whole periods is measured; it opens and closes half a
+second before an instant, so it holds whole bursts.
 
 Measured: statements per second by kind and the ticks they carried (``pg_stat_statements``),
 ticks claimed, tries of ticks another replica had (the claims' rows beyond the ticks won, and
@@ -57,6 +61,7 @@ from _pg_scale_server import (
     tear_down,
     use_server,
 )
+from _pgbouncer import PgBouncer
 from pg_scale import Replica, sleep_until
 
 from replicron.postgres import migrate
@@ -93,6 +98,7 @@ class Measured:
     lock_errors: int = 0
     cpu: dict[str, float] = field(default_factory=dict)  # cores
     session_pids: list[int] = field(default_factory=list)  # the replicas' server processes
+    server_connections: int = 0  # to the fleet's database, the most at once
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -135,7 +141,9 @@ def watch(conn: Conn, db: str, first: int, end: int, period: int, m: Measured) -
             m.peak_locks.append(peak)
             instant, peak = instant + period, 0
             continue
-        seen |= connections(conn, db)
+        now_seen = connections(conn, db)
+        seen |= now_seen
+        m.server_connections = max(m.server_connections, sum(now_seen.values()))
         sleep_until(min(end - 0.5, instant - 0.3, time.time() + 0.5))
     m.connections = dict(seen)
 
@@ -206,15 +214,24 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
     db = f"pgfleet_{uuid.uuid4().hex[:8]}"
     create_database(server, db)
     url = server.url(db)
+    bouncer = None
     try:
+        if args.pgbouncer:
+            params = server.params
+            bouncer = PgBouncer(str(params.get("host", "127.0.0.1")),
+                                int(params.get("port", 5432)), args.pgbouncer)  # fmt: skip
+            bouncer.start()
+            progress(f"pgbouncer (transaction mode, {args.pgbouncer} server connections) started")
+        replica_url = url if bouncer is None else bouncer.url(db)
         asyncio.run(migrate(url))
         replicas = []
         for i in range(args.replicas):
             rid = f"r{i + 1:02d}"
             command = [
-                sys.executable, str(REPLICA), "--dsn", url, "--replica-id", rid,
+                sys.executable, str(REPLICA), "--dsn", replica_url, "--replica-id", rid,
                 "--jobs", str(args.jobs), "--period", str(args.period),
                 "--task-ms", str(args.task_ms), "--out", str(rundir / f"{rid}.json"),
+                "--coordination", args.coordination,
             ]  # fmt: skip
             replicas.append(Replica(command, rid, rundir / f"{rid}.json"))
         deadline = time.monotonic() + READY_TIMEOUT
@@ -248,6 +265,8 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
         return m
     finally:
         Replica.kill_all()
+        if bouncer is not None:
+            bouncer.stop()
         drop_database(server, db)
 
 
@@ -259,12 +278,18 @@ def render(m: Measured, args: argparse.Namespace) -> str:
     )  # fmt: skip
     model = scale_model.model(fleet, scale_model.costs(args.inputs))
     s = m.statements
+    prefix = "lease_" if args.coordination == "lease" else ""  # lease mode's statements
+
+    def named(name: str) -> tuple[float, float, float]:
+        return s.get(prefix + name, s.get(name, (0.0, 0.0, 0.0)))
+
     per_s = sum(n for n, _, _ in s.values())
-    claims = s.get("claim", (0.0, 0.0, 0.0))
+    claims = named("claim")
     won = m.ticks / m.window
     lines = [
         f"{args.replicas} replicas x {args.jobs:,} jobs every {args.period} s, "
-        f"{args.task_ms:g} ms tasks; {args.bursts} bursts in {m.window:.0f} s",
+        f"{args.task_ms:g} ms tasks, {args.coordination} coordination; "
+        f"{args.bursts} bursts in {m.window:.0f} s",
         f"{'':44}{'measured':>12}{'model':>12}",
     ]
 
@@ -274,12 +299,16 @@ def render(m: Measured, args: argparse.Namespace) -> str:
 
     row("statements/s", per_s, "statements_per_s")
     row("claim statements/s", claims[0], "claim_statements_per_s")
-    row("release statements/s", s.get("release", (0.0, 0.0, 0.0))[0], "release_statements_per_s")
-    row("heartbeats/s", s.get("heartbeat", (0.0, 0.0, 0.0))[0], "heartbeats_per_s", 2)
+    row("release statements/s", named("release")[0], "release_statements_per_s")
+    row("heartbeats/s", named("heartbeat")[0], "heartbeats_per_s", 2)
     row("ticks claimed/s (runs)", won, "claims_per_s")
     row("tick tries/s (claim rows)", claims[1], "tries_per_s")
     row("tries of taken ticks per tick (claim rows)", claims[1] / won - 1, "conflicts_per_tick", 2)
-    row("  the same, on_taken events", m.taken / m.ticks, "conflicts_per_tick", 2)
+    # In lease mode a tick another replica has is mostly read, not tried: taken, not a try.
+    row("  ticks answered taken per tick (on_taken)", m.taken / m.ticks, "conflicts_per_tick", 2)
+    if prefix:
+        unclaimed = s.get("lease_unclaimed", (0.0, 0.0, 0.0))
+        row("reads of ticks without a row/s", unclaimed[0], None, 2)
     row("ledger rows inserted/s", m.rows_per_s["tup_inserted"], "claims_per_s")
     row("rows updated/s", m.rows_per_s["tup_updated"], None)
     row("commits/s", m.rows_per_s["xact_commit"], None)
@@ -292,6 +321,8 @@ def render(m: Measured, args: argparse.Namespace) -> str:
         "replica_cpu_ms")  # fmt: skip
     sessions = sum(n for name, n in m.connections.items() if name in m.share)
     row("lock sessions, all replicas (most seen)", sessions, "connections", 0)
+    if args.pgbouncer:  # the pooler's server connections, whatever their application name
+        row("server connections at once (most seen)", m.server_connections, None, 0)
     row("advisory locks at a burst's peak (median)", statistics.median(m.peak_locks or [0]),
         "peak_locks", 0)  # fmt: skip
     row("start lateness p50, ms", quantile(m.lateness_ms, 0.5), "lateness_p50_ms")
@@ -330,7 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-ms", type=float, default=5.0)
     parser.add_argument("--inputs", type=Path, help="the model's costs (pg_ledger.py --out)")
     parser.add_argument("--out", type=Path, help="write the measured figures here (JSON)")
+    parser.add_argument("--coordination", choices=("advisory", "lease"), default="advisory")
+    parser.add_argument(
+        "--pgbouncer", type=int, metavar="SERVER_CONNECTIONS",
+        help="replicas connect through pgbouncer in transaction mode (lease mode only)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.pgbouncer and args.coordination != "lease":
+        parser.error("--pgbouncer: advisory mode refuses a transaction pooler")
     server: Server | None = None
     rundir = Path(tempfile.mkdtemp(prefix="replicron-pg-fleet."))
     began = time.monotonic()
