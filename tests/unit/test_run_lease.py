@@ -4,6 +4,7 @@ a process frozen past it and woken must not go on as if it still held the job.""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -110,3 +111,34 @@ def test_a_run_that_returns_after_its_lease_ended_is_recorded_abandoned() -> Non
     assert run is not None
     assert run.outcome is Outcome.ABANDONED
     assert "lease ended" in (record.error or "")
+
+
+class ResultHandledLate(LeasingBackend):
+    """A lease still on for the thread that runs the task, and ended for any other: the
+    scheduler's loop gets to the run's result only after the lease ran out (its heartbeats
+    failing meanwhile, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_thread: threading.Thread | None = None
+
+    def lease_end(self, run_id: int) -> float | None:
+        if threading.current_thread() is self.task_thread:
+            return time.monotonic() + 3600
+        return time.monotonic() - 0.001
+
+
+def test_a_run_that_returned_within_its_lease_succeeds_however_late_its_result_is_handled() -> None:
+    """What counts is when the task returned: a run that ended in time did not overlap a
+    takeover, whenever the loop got to write its outcome."""
+    backend, clock = ResultHandledLate(), FakeClock(START)
+
+    def task() -> None:
+        backend.task_thread = threading.current_thread()
+
+    with Scheduler(clock=clock, backend=backend, replica_id="r1") as scheduler:
+        scheduler.add_job(every(seconds=10), task, name="report", overlap="skip")
+        step(clock, START + timedelta(seconds=10))
+        scheduler.wait_idle()
+    assert backend.task_thread is not None  # it ran, on a thread of its own
+    assert [r.outcome for r in backend.state.history("report")] == [Outcome.SUCCEEDED]

@@ -21,8 +21,8 @@ class Run(RunContext):
     object (one allocation per run), the engine's bookkeeping of it."""
 
     __slots__ = (
-        "call", "error", "finished", "finished_at", "locked", "started_at", "state", "task",
-        "timed_out", "unix_finished", "unix_started",
+        "call", "error", "finished", "finished_at", "locked", "returned_late", "started_at",
+        "state", "task", "timed_out", "unix_finished", "unix_started",
     )  # fmt: skip
 
     def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
@@ -39,6 +39,9 @@ class Run(RunContext):
         self._event = None
         self._stop = False
         self._lease_end: Callable[[], float | None] | None = None  # set if started locked
+        #: Whether the task returned past its lease's end, as seen when it returned (``None``
+        #: until then, or without a lease).
+        self.returned_late: bool | None = None
         self.state = state
         self.locked = False
         self.started_at = scheduled_at
@@ -73,12 +76,22 @@ class Run(RunContext):
         if self.task is not None:
             self.task.cancel()
 
+    def returned(self) -> None:
+        """The task has just returned (or raised). Whether it did so within its lease is
+        decided now, not when the loop gets to its result: a result that waits for the loop
+        while heartbeats fail must not read as late for a run that ended in time."""
+        if self._lease_end is not None:
+            self.returned_late = self._past_lease_end()
+
     def outcome(
         self, error: BaseException | None, finished: datetime
     ) -> tuple[Outcome, str | None]:
         """How the run ended (``error``: what its task raised, if anything), and the words the
         ledger keeps of it."""
-        if not self.abandoned and self._past_lease_end():
+        late = self.returned_late
+        if late is None:  # cut off before it returned (at shutdown, say)
+            late = self._past_lease_end()
+        if not self.abandoned and late:
             self.cancel(CancelReason.LOCK_LOST, "its lease ended before it returned")
         if self.abandoned:
             outcome = Outcome.ABANDONED

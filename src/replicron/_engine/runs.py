@@ -171,6 +171,7 @@ class RunExecutor:
                 error = exc
         except Exception as exc:
             error = exc
+        run.returned()
         self._finish(run, error, self.clock.now())
 
     # ---- cutting runs off --------------------------------------------------------------

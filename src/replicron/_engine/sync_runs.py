@@ -171,6 +171,7 @@ class SyncRuns:
             error = exc
         finally:
             _current.reset(token)
+        run.returned()
         if unix_time:
             run.unix_finished = time.time()
         else:
