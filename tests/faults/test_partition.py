@@ -1,7 +1,8 @@
 """A replica cut off mid-run, by the network (a two-way partition, nothing but timeouts can
 notice) or by the scheduler of its host (SIGSTOP past staleness): it must stop its run before
 any other replica starts the job, another replica must take over within a bound (or, for a
-frozen process whose session still holds the lock, nobody may), and the records stay honest."""
+frozen process whose session still holds the lock, nobody may), and the records stay honest.
+A holder killed outright must leave nothing held."""
 
 from __future__ import annotations
 
@@ -275,6 +276,49 @@ def test_sigstop_of_the_holder_past_its_lease(
     took = float(taken["mono"]) - frozen_at
     assert STALE - HEARTBEAT - 0.1 <= took < STALE + 10 * HEARTBEAT
     assert row.outcome == "abandoned"
+
+
+@both_modes
+@pytest.mark.timeout(120)
+def test_kill_9_of_the_holder_mid_run(replicas: Fleet, db: Database, summary: Summary) -> None:
+    """A holder killed mid-run leaves nothing held: advisory mode's lock goes with its session
+    at once, lease mode's job lock once its lease runs out. Another replica runs the job's
+    next tick within a bound, the killed run's row is written off as abandoned, and no tick
+    runs twice or goes without a row."""
+    replicas.start("r1", jobs=1, every_s=1, task_ms=3 * LONG_TASK_MS)
+    replicas.wait_ready(["r1"])
+    victim = first_start(replicas, "r1")
+    replicas.start("r2", jobs=1, every_s=1, task_ms=LONG_TASK_MS // 8)
+    ready = replicas.wait_ready(["r2"])
+    time.sleep(max(0.0, float(victim["mono"]) + 1.0 - time.monotonic()))
+    replicas.kill("r1")
+    killed_at = time.monotonic()
+    taken = replicas.wait_until(
+        "r2 to run the job",
+        lambda: runs_of_others(replicas, victim["pid"], killed_at) or None,
+        STALE + 10 * HEARTBEAT + 5,
+    )[0]
+    window = Window.from_monotonic(max(ready.values()) + 0.5, time.monotonic() + 2)
+
+    def written_off() -> bool:
+        return any(r.run_id == victim["run_id"] and r.outcome for r in db.ledger())
+
+    # The janitor writes a dead replica's runs off every twelfth heartbeat.
+    replicas.wait_until("the killed run to be written off", written_off, 12 * HEARTBEAT + 5)
+    replicas.wait_window_end(window)
+    codes = replicas.stop()
+    analysis = replicas.analyse(window)
+    assert_invariants(analysis)
+    [row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]
+    took = float(taken["mono"]) - killed_at
+    summary(
+        f"[kill -9 of the holder mid-run, stale_after {STALE} s] {analysis} | r2 ran the job "
+        f"{took:.2f} s after the kill; killed row {row.outcome!r} ({row.error}) exit={codes}"
+    )
+    assert row.outcome == "abandoned"
+    # The dead run counts as going on until its heartbeat (and lease) could have run out:
+    # not long before stale_after, and not much after it.
+    assert STALE - HEARTBEAT - 0.1 <= took < STALE + 10 * HEARTBEAT
 
 
 def _overwritten(replicas: Fleet) -> bool:
