@@ -265,3 +265,52 @@ def test_on_the_applications_pool_no_connection_is_kept(dsn: str) -> None:
                 await backend.close()
 
     run(main())
+
+
+def test_on_the_applications_pool_a_connection_the_server_ended_loses_no_outcome(
+    dsn: str,
+) -> None:
+    """The pool hands out a connection whose server session was ended (a restart, an idle
+    timeout, an operator): the outcome's write fails at its BEGIN, is retried on a new
+    connection, and lands."""
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+            backend = PostgresBackend(pool, heartbeat_interval=3600, coordination="lease")
+            await backend.open("a")
+            try:
+                won = await claim(backend, "report", 1, lock=True)
+                async with pool.connection() as conn:
+                    pid = conn.info.backend_pid
+                assert sql(dsn, "SELECT pg_terminate_backend(%s, 5000)", [pid]) == [(True,)]
+                await release(backend, record(won, "a"), unlock=True)
+                assert row(dsn, won.run_id) == ("succeeded", 0, False)
+                assert lock_row(dsn, "report") == (None, None, 1)
+                async with pool.connection() as conn:
+                    assert conn.info.backend_pid != pid
+            finally:
+                await backend.close()
+
+    run(main())
+
+
+def test_on_the_applications_pool_a_lease_counts_from_its_transactions_begin(dsn: str) -> None:
+    """The server counts a lease from its transaction's start (``now()``), which on a borrowed
+    connection is the BEGIN before the statement: the replica must count its lease from no
+    later than that, or it would stop its run after another replica may have taken it."""
+
+    async def main() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=1, open=False) as pool:
+            backend = PostgresBackend(pool, heartbeat_interval=3600, coordination="lease")
+            await backend.open("a")
+            try:
+                session = backend._statements.session
+                assert session is not None
+                for _ in range(20):
+                    [(began, _)] = await session.fetch("SELECT now(), %(pid)s::int", {})
+                    assert session.last_round_trip is not None
+                    assert session.last_round_trip.sent_wall <= began.timestamp()
+            finally:
+                await backend.close()
+
+    run(main())

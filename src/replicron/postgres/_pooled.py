@@ -16,9 +16,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
+import psycopg.errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ._session import BackendUnavailableError, LockSession, _CannotConnect, _close_quietly
+from ._session import (
+    BackendUnavailableError,
+    LockSession,
+    _CannotConnect,
+    _close_quietly,
+    _RolledBack,
+)
 
 __all__ = ["BorrowedSession", "PooledSession"]
 
@@ -56,6 +63,12 @@ class BorrowedSession(PooledSession):
     def __init__(self, pool: AsyncConnectionPool[Any], **options: Any) -> None:
         super().__init__(pool.conninfo if isinstance(pool.conninfo, str) else "", **options)
         self._pool = pool
+        self._began = 0.0, 0.0
+
+    def _sending(self) -> tuple[float, float]:
+        # The statement's transaction began at BEGIN, one round trip before the statement was
+        # sent: its now(), and so its leases, count from then.
+        return self._began
 
     @property
     def connected(self) -> bool:
@@ -75,12 +88,28 @@ class BorrowedSession(PooledSession):
                 raise _CannotConnect(f"no connection from the pool: {exc}") from exc
             self.connect_failed_at = None
             failure: BaseException | None = None
+            in_statement = False
+            self._began = time.time(), time.monotonic()
             try:
                 async with conn.transaction():
+                    in_statement = True
                     yield conn
+                    in_statement = False
             except TimeoutError as exc:
                 failure = exc
                 raise BackendUnavailableError(f"the pool's connection gave {exc}") from exc
+            except psycopg.errors.TransactionRollback as exc:
+                failure = exc
+                if in_statement:
+                    raise
+                raise _RolledBack(f"the server rolled the transaction back: {exc}") from exc
+            except psycopg.Error as exc:
+                # BEGIN and COMMIT are the transaction's own statements, outside the statement's
+                # error handling: a connection lost there is the backend's to retry or requeue.
+                failure = exc
+                if in_statement and not conn.broken:
+                    raise  # the server refused the statement: the transaction rolled back
+                raise BackendUnavailableError(f"lost the pool's connection: {exc}") from exc
             except BaseException as exc:
                 failure = exc
                 raise

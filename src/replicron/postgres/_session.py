@@ -306,7 +306,7 @@ class LockSession:
             # Locking statements check that they run on this server session (a pooler would
             # move them): the session they are for is the one they are sent on.
             params = {**params, "pid": self.backend_pid, "session_token": self._token}
-            sent_wall, sent_mono = time.time(), time.monotonic()
+            sent_wall, sent_mono = self._sending()
             try:
                 rows = await self._timed(_rows(conn, query, params))
             except psycopg.errors.TransactionRollback as exc:
@@ -316,6 +316,11 @@ class LockSession:
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
             self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
             return rows
+
+    def _sending(self) -> tuple[float, float]:
+        """When (wall, monotonic) the statement about to be sent counts as sent: no later than
+        the server's ``now()`` for it, which the leases it writes count from."""
+        return time.time(), time.monotonic()
 
     async def run(
         self, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], *, deadline: float

@@ -4,7 +4,6 @@ and what the backend says of a write that did not simply record a first outcome.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import UTC, timedelta
@@ -153,7 +152,7 @@ class OutcomeWrites:
                 unlock_keys=[key for key, _ in unlocking],
                 unlock_runs=[record.run_id for _, record in unlocking],
             )
-        except (BackendUnavailableError, asyncio.CancelledError):  # nothing known written
+        except BaseException:  # nothing known written: every outcome of the batch is kept
             # Lease mode: the lock rows outlive any connection; advisory: the session's locks
             # live on only with it (the statement was rolled back).
             kept = leased or (session.connected and session.generation == generation)
