@@ -73,11 +73,13 @@ class Fleet(Replicas):
         faketime: str | None = None,
         via: PoolMode | None = None,
         dsn: str | None = None,
+        coordination: str | None = None,
     ) -> Child:
         """Start replica ``replica_id``: inside the network namespace (``in_namespace``),
         with its wall clock shifted (``faketime="+30s"``), through a pgbouncer (``via=
-        "transaction"`` or ``"session"``), through ``dsn``, or directly. Does not wait for it: see
-        :meth:`wait_ready`."""
+        "transaction"`` or ``"session"``), through ``dsn``, or directly; in the fleet's mode
+        unless ``coordination`` says another. Does not wait for it: see :meth:`wait_ready`."""
+        mode = coordination or self.coordination
         host = self.netns.host_address if in_namespace else "127.0.0.1"
         if dsn is not None:
             pass  # given: through something of the test's own, such as a proxy
@@ -85,7 +87,7 @@ class Fleet(Replicas):
             dsn = self.db.cluster.dsn(self.db.name, host=host)
         else:
             dsn = self._pgbouncer(via).dsn(self.db.name, host=host)
-        where = ["namespace" if in_namespace else "host", f"{self.coordination} mode"]
+        where = ["namespace" if in_namespace else "host", f"{mode} mode"]
         if via is not None:
             where.append(f"pgbouncer {via}")
         if faketime is not None:
@@ -98,8 +100,8 @@ class Fleet(Replicas):
             "max_workers": max(8, jobs),  # every job's run can start on time
             "fence_stale_holders": fence_stale_holders,
             # declared, as advisory mode asks of one (lease mode runs through any pooler)
-            "session_pooler": via == "session" and self.coordination == "advisory",
-            "coordination": self.coordination,
+            "session_pooler": via == "session" and mode == "advisory",
+            "coordination": mode,
         }  # fmt: skip
         return self.spawn_replica(
             replica_id,

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from replicron.backends.base import ClaimRequest, ClaimStatus
+from replicron.backends.base import ClaimRequest, ClaimStatus, RunRecord
 from replicron.errors import ConfigurationError
 from replicron.events import Outcome
-from replicron.postgres import PostgresBackend
+from replicron.postgres import CoordinationMode, MixedModesError, PostgresBackend
 from tests.postgres.test_postgres_backend import claim, opened, record, release, sql, tick
 
 CLAIMED, TAKEN = ClaimStatus.CLAIMED, ClaimStatus.TAKEN
@@ -186,6 +186,75 @@ def test_replicas_of_one_namespace_must_agree_on_the_mode(dsn: str) -> None:
                     pass
             async with opened(dsn, "c", coordination="lease", namespace="other/"):
                 pass
+
+    run(main())
+
+
+#: Timing short enough to wait out a replica going stale in real time.
+QUICK: dict[str, Any] = {"heartbeat_interval": 0.1, "stale_after": 0.6, "statement_timeout": 0.4}
+
+
+def missed(job: str, n: int) -> RunRecord:
+    return RunRecord(job, tick(n), Outcome.MISSED, "a", None, None, None, "unreachable")
+
+
+async def gone(backend: PostgresBackend) -> None:
+    """The replica's heartbeats stop getting through (as for a frozen process or a partition)
+    until the others count it gone, on the database's clock and on its own."""
+    await backend._housekeeper.stop()
+    await asyncio.sleep(backend.stale_after + 0.1)
+
+
+@pytest.mark.parametrize(("first", "second"), [("lease", "advisory"), ("advisory", "lease")])
+def test_a_replica_back_after_being_counted_gone_claims_nothing_beside_the_other_mode(
+    dsn: str, first: CoordinationMode, second: CoordinationMode
+) -> None:
+    """While a replica was gone, one of the other mode joined the namespace (nobody live was
+    in its way): the one that came back claims nothing, and records nothing, while the other
+    lives, and claims again once it has stopped."""
+
+    async def main() -> None:
+        async with opened(dsn, "a", coordination=first, **QUICK) as a:
+            await gone(a)
+            b = PostgresBackend(dsn, coordination=second, **QUICK)
+            await b.open("b")
+            try:
+                with pytest.raises(MixedModesError, match=rf"b \({second}\)"):
+                    await claim(a, "report", 1, lock=True)
+                with pytest.raises(MixedModesError):
+                    await a.record_unclaimed([missed("report", 1)])
+                won = await claim(b, "report", 1, lock=True)
+                assert won.status == CLAIMED
+                await release(b, record(won, "b"), unlock=True)
+            finally:
+                await b.close()
+            assert (await claim(a, "report", 2, lock=True)).status == CLAIMED
+            assert sql(dsn, "SELECT replica_id FROM replicron_runs ORDER BY run_id") == [
+                ("b",),
+                ("a",),
+            ]
+
+    run(main())
+
+
+def test_a_lease_replica_is_refused_while_a_frozen_advisory_run_holds_its_lock(dsn: str) -> None:
+    """An advisory replica froze mid-run: its heartbeats are stale, but its session lives and
+    holds the job's lock. A lease replica, which does not take that lock, may not start in the
+    namespace until the lock is gone."""
+
+    async def main() -> None:
+        async with opened(dsn, "a", coordination="advisory") as a:
+            running = await claim(a, "report", 1, lock=True)
+            sql(dsn, "UPDATE replicron_replicas SET last_seen = now() - interval '1 day'")
+            sql(dsn, "UPDATE replicron_runs SET heartbeat_at = now() - interval '1 day'")
+            with pytest.raises(ConfigurationError, match=r"a \(advisory\)"):
+                async with opened(dsn, "b", coordination="lease"):
+                    pass
+            assert sql(dsn, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                            " WHERE application_name = 'replicron a'") == [(True,)]  # fmt: skip
+            async with opened(dsn, "b", coordination="lease") as b:
+                assert (await claim(b, "report", 2, lock=True)).status == CLAIMED
+            assert row(dsn, running.run_id)[0] is None  # a's to write when it wakes
 
     run(main())
 

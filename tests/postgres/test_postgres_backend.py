@@ -116,7 +116,7 @@ async def release(backend: PostgresBackend, rec: RunRecord, *, unlock: bool) -> 
 async def opened(
     dsn: str, replica_id: str, lost: list[int] | None = None, **options: Any
 ) -> AsyncIterator[PostgresBackend]:
-    backend = PostgresBackend(dsn, heartbeat_interval=3600, **options)
+    backend = PostgresBackend(dsn, **{"heartbeat_interval": 3600, **options})
     await backend.open(replica_id, None if lost is None else lost.extend)
     try:
         yield backend

@@ -117,6 +117,7 @@ EXPECTED = {
         "JobStatus",
         "LockKeyCollisionError",
         "LockedRun",
+        "MixedModesError",
         "PostgresBackend",
         "ReplicaStatus",
         "TransactionPoolerError",

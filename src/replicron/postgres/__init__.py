@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._housekeeping import MixedModesError
 from ._locked_async import alocked_run
 from ._locked_result import LockedRun
 from ._locked_sync import locked_run
@@ -24,6 +25,7 @@ __all__ = [
     "JobStatus",
     "LockKeyCollisionError",
     "LockedRun",
+    "MixedModesError",
     "PostgresBackend",
     "ReplicaStatus",
     "TransactionPoolerError",

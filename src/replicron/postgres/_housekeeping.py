@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
@@ -23,7 +24,7 @@ from ._runs import HeldRuns
 from ._session import BackendUnavailableError
 from ._statements import Statements
 
-__all__ = ["OFFSET_WARNING", "Housekeeper"]
+__all__ = ["OFFSET_WARNING", "Housekeeper", "MixedModesError"]
 
 #: The backend's records keep the logger they are documented under.
 logger = logging.getLogger("replicron.postgres.backend")
@@ -32,6 +33,11 @@ logger = logging.getLogger("replicron.postgres.backend")
 OFFSET_WARNING = 1.0
 #: The janitor runs with the loop's first heartbeat and every this many after it.
 JANITOR_EVERY = 12
+
+
+class MixedModesError(BackendUnavailableError):
+    """Replicas of the other coordination mode share this replica's namespace: it claims
+    nothing (as if the database could not be reached) until they are gone."""
 
 
 class Housekeeper:
@@ -67,6 +73,18 @@ class Housekeeper:
         self._offsets = OffsetEstimator()
         self._offset_warned = False
         self._task: asyncio.Task[None] | None = None
+        self._beating = asyncio.Lock()
+        #: Monotonic: until then the other replicas count this one live (its last heartbeat's
+        #: send, plus ``stale_after``: the heartbeat's now() is no earlier).
+        self._live_until = 0.0
+        #: Why this replica may not claim (replicas of the other mode share its namespace),
+        #: or None; checked whenever it joins, or comes back after the others counted it gone.
+        self.refusal: str | None = None
+        self._admitted = False
+
+    @property
+    def coordination(self) -> str:
+        return "lease" if self.leased else "advisory"
 
     @property
     def offset(self) -> timedelta | None:
@@ -108,10 +126,58 @@ class Housekeeper:
 
     async def heartbeat(self) -> None:
         """Refresh the open runs (and their lease), be seen with the clock offset, see the
-        peers; a locked run whose lock or row is gone here is lost."""
-        if self.leased:
-            await self._renew_leases()
-            return
+        peers; a locked run whose lock or row is gone here is lost. Coming back after the
+        others may have counted this replica gone, check that the namespace's replicas still
+        coordinate in its mode (one of another mode may have started meanwhile)."""
+        async with self._beating:
+            if time.monotonic() >= self._live_until:
+                self._admitted = False
+            if self.leased:
+                await self._renew_leases()
+            else:
+                await self._advisory_heartbeat()
+            self._live_until = self._statements.sent_at() + self._stale_after.total_seconds()
+            if not self._admitted:
+                await self._check_modes()
+
+    async def admit(self) -> None:
+        """Before a claim: raise :class:`MixedModesError` unless this replica may claim. A
+        replica the others may have counted gone (a frozen process, a long partition) is
+        seen again and checked first, before it claims anything."""
+        if not self._admitted or time.monotonic() >= self._live_until:
+            await self.heartbeat()
+        if self.refusal is not None:
+            raise MixedModesError(self.refusal)
+
+    async def _check_modes(self) -> None:
+        others = await self._statements.fetch(
+            "other_modes",
+            retry=True,
+            replica=self.replica_id,
+            coordination=self.coordination,
+            stale_after=self._stale_after,
+        )
+        refusal = None
+        if others:
+            named = ", ".join(f"{replica} ({mode})" for replica, mode in others)
+            refusal = (
+                f"replicas coordinating in another mode than {self.coordination!r} share the "
+                f"namespace: {named}. The modes' locks do not see each other: stop them all, or "
+                "give this replica their mode"
+            )
+            if refusal != self.refusal:
+                logger.error(
+                    "%s; claiming nothing until they are gone", refusal,
+                    extra={"event": "lock_error", "replica": self.replica_id},
+                )  # fmt: skip
+        elif self.refusal is not None:
+            logger.warning(
+                "no replica of another mode is left in the namespace: claiming again",
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )  # fmt: skip
+        self.refusal, self._admitted = refusal, refusal is None
+
+    async def _advisory_heartbeat(self) -> None:
         offset = self._offsets.current
         sent = self.runs.to_heartbeat()
         [(ours, db_now, refreshed, held, peers)] = await self._statements.fetch(
@@ -185,6 +251,8 @@ class Housekeeper:
     async def janitor(self) -> None:
         """Record the open runs of replicas that stopped heartbeating abandoned; prune old
         rows and registrations."""
+        if self.refusal is not None:  # the namespace is the other mode's to look after
+            return
         stale = await self._statements.fetch(
             "lease_abandon_stale" if self.leased else "abandon_stale",
             retry=True,

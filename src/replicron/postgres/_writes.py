@@ -176,6 +176,7 @@ class OutcomeWrites:
             log_write(record, ok, before, self.replica_id)
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        await self._housekeeper.admit()
         unique, where = once_per_tick(records)  # a record listed twice is recorded once
         ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         with self._tokens.attempt(ticks) as tokens:

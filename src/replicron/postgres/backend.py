@@ -250,21 +250,10 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         self._runs.close()
 
     async def _refuse_mixed_modes(self) -> None:
-        others = await self._fetch(
-            "other_modes",
-            retry=True,
-            replica=self.replica_id,
-            coordination=self.coordination,
-            stale_after=timedelta(seconds=self.stale_after),
-        )
-        if others:
-            named = ", ".join(f"{replica} ({mode})" for replica, mode in others)
+        refusal = self._housekeeper.refusal
+        if refusal is not None:
             await self.close()
-            raise ConfigurationError(
-                f"namespace {self.namespace!r} has live replicas coordinating in another mode "
-                f"than {self.coordination!r}: {named}. The modes' locks do not see each other: "
-                "stop them all, or give this replica their mode"
-            )
+            raise ConfigurationError(f"namespace {self.namespace!r}: {refusal}")
 
     async def _stopped(self) -> None:
         """Gone for the others at once; in lease mode, with no lock left behind (in advisory
@@ -275,6 +264,7 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         await self._fetch("replica_stopped", replica=self.replica_id)
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        await self._housekeeper.admit()
         unique, where = once_per_tick(requests)  # a tick asked for twice: the repeat is TAKEN
         if self._housekeeper.leased:
             answers = await self._claim_leased(unique)

@@ -292,14 +292,31 @@ WITH closed AS (
 SELECT job, scheduled_at FROM closed;
 
 -- name: other_modes
--- The live replicas of the namespace that coordinate in another mode than this one's: the two
--- modes' locks do not see each other, so a namespace's replicas must agree. A replica whose
--- heartbeats name no mode predates them (migration 0005): it coordinates through advisory locks.
+-- The replicas of the namespace that coordinate in another mode than this one's and are live,
+-- or whose runs still hold their jobs' locks (a frozen process: its heartbeat is stale, its
+-- runs go on): the two modes' locks do not see each other, so a namespace's replicas must
+-- agree. A replica whose heartbeats name no mode predates them (migration 0005): it
+-- coordinates through advisory locks. A replica's own earlier life is not another replica.
 SELECT replica_id, coalesce(coordination, 'advisory') FROM replicron_replicas
 WHERE namespace = %(namespace)s AND replica_id <> %(replica)s AND stopped_at IS NULL
   AND coalesce(coordination, 'advisory') <> %(coordination)s
   AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval)
-ORDER BY replica_id;
+UNION
+SELECT run.replica_id, 'advisory' FROM replicron_runs run
+WHERE %(coordination)s = 'lease' AND run.namespace = %(namespace)s AND run.outcome IS NULL
+  AND run.lease_until IS NULL AND run.replica_id <> %(replica)s
+  AND EXISTS (
+      SELECT 1 FROM pg_locks l
+      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+        AND l.pid = run.backend_pid
+        AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  )
+UNION
+SELECT run.replica_id, 'lease' FROM replicron_runs run
+WHERE %(coordination)s = 'advisory' AND run.namespace = %(namespace)s AND run.outcome IS NULL
+  AND run.lease_until > now() AND run.replica_id <> %(replica)s
+ORDER BY 1;
 
 -- name: heartbeat
 -- Keep our open ticks fresh (on our own server session only), note this replica as seen with
