@@ -61,6 +61,7 @@ def test_a_paused_job_runs_on_no_replica_and_runs_again_after_resume(
     [view] = [job for job in status["jobs"] if job["job"] == "tick"]
     assert view["paused"]["paused_by"].startswith("replicron-cli@")
     assert view["overdue"] is False
+    resume_sent = cluster.now()  # a tick after this may run: the resume may commit before it
     resumed = run_cli("resume", "tick", "--database-url", dsn)
     assert resumed.returncode == 0, resumed.stderr
     resumed_at = cluster.now()
@@ -73,7 +74,7 @@ def test_a_paused_job_runs_on_no_replica_and_runs_again_after_resume(
 
     ran = started_ticks(cluster, "tick")
     rows = ledger(cluster, "tick")
-    during = [at for at in ran if paused_at + IN_FLIGHT < at <= resumed_at]
+    during = [at for at in ran if paused_at + IN_FLIGHT < at <= resume_sent]
     assert during == [], f"runs while paused: {during}"
     paused_rows = [at for at, outcome, _ in rows if outcome == "paused"]
     assert paused_rows
