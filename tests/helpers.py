@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from replicron import Listener, MemoryBackend, Outcome, RunEvent
+from replicron import Listener, MemoryBackend, Outcome, RunEvent, current_run
 from replicron.backends.base import Claim, ClaimRequest, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.cluster import ClusterStatus
@@ -284,3 +284,29 @@ class FlakyBackend(MemoryBackend):
         if self.reads_fail:
             raise ConnectionError("backend unreachable")
         return await super().cluster_status()
+
+
+class Gate:
+    """A task that blocks until released, and counts how many run at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+        self.started: list[datetime] = []
+        self.entered = threading.Condition(self.lock)
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.started.append(current_run().scheduled_at)
+            self.entered.notify_all()
+        self.release.wait(10)
+        with self.lock:
+            self.running -= 1
+
+    def wait_started(self, count: int) -> None:
+        with self.lock:
+            assert self.entered.wait_for(lambda: len(self.started) >= count, 10)

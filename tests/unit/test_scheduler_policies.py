@@ -24,35 +24,9 @@ from replicron import (
 from replicron._engine.planner import CatchUp
 from replicron.backends import RunRecord
 from replicron.testing import FakeClock
-from tests.helpers import START, FlakyBackend, Recorder, step
+from tests.helpers import START, FlakyBackend, Gate, Recorder, step
 
 T = [START + timedelta(seconds=10 * k) for k in range(20)]  # T[k]: tick k of every(10 s)
-
-
-class Gate:
-    """A task that blocks until released, and counts how many run at once."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        self.running = 0
-        self.max_running = 0
-        self.started: list[datetime] = []
-        self.entered = threading.Condition(self.lock)
-
-    def __call__(self) -> None:
-        with self.lock:
-            self.running += 1
-            self.max_running = max(self.max_running, self.running)
-            self.started.append(current_run().scheduled_at)
-            self.entered.notify_all()
-        self.release.wait(10)
-        with self.lock:
-            self.running -= 1
-
-    def wait_started(self, count: int) -> None:
-        with self.lock:
-            assert self.entered.wait_for(lambda: len(self.started) >= count, 10)
 
 
 @pytest.fixture

@@ -72,15 +72,23 @@ class Recorder:
         return bool(self._releases)
 
     def record(
-        self, state: JobState, claim: Claim, outcome: Outcome, detail: str, unlock: bool = False
+        self,
+        state: JobState,
+        claim: Claim,
+        outcome: Outcome,
+        detail: str,
+        unlock: bool = False,
+        *,
+        then_next: bool = False,
     ) -> None:
-        """A claimed tick that did not run (skipped, missed, ...)."""
+        """A claimed tick that did not run (skipped, missed, ...); ``then_next``: it was its
+        job's turn, so what waits behind it (a catch-up backlog) is started once recorded."""
         record = RunRecord(
             state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
             None, None, detail, claim.manual,
         )  # fmt: skip
         self.report(record, state, detail=detail)
-        self.release(record, unlock, None)
+        self.release(record, unlock, state if then_next else None)
 
     def report(
         self,

@@ -284,8 +284,9 @@ class JobRegistry:
     def retire(self, name: str) -> None:
         """Plan no more ticks of ``name`` (it reached ``max_runs``)."""
         with self._lock:
-            self._planner.remove(name)
-        self.retired(name)
+            planned = self._planner.remove(name)
+        if planned:  # told once, however many of its runs or claims find it done
+            self.retired(name)
 
     def wake_at(self) -> datetime | None:
         with self._lock:

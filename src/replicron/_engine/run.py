@@ -13,7 +13,12 @@ from replicron.events import Outcome, RunEvent
 
 from .registry import JobState
 
-__all__ = ["Run"]
+__all__ = ["Run", "past_grace"]
+
+
+def past_grace(late: timedelta, grace: timedelta) -> str:
+    """Why a tick that would have started ``late`` is recorded missed."""
+    return f"it would have started {late} after its tick, past misfire_grace {grace}"
 
 
 class Run(RunContext):
@@ -21,8 +26,9 @@ class Run(RunContext):
     object (one allocation per run), the engine's bookkeeping of it."""
 
     __slots__ = (
-        "call", "error", "finished", "finished_at", "locked", "returned_late", "started_at",
-        "state", "task", "timed_out", "unix_finished", "unix_started",
+        "call", "error", "finished", "finished_at", "locked", "missed", "returned_late",
+        "start_by", "started_at", "state", "task", "timed_out", "unix_finished",
+        "unix_started",
     )  # fmt: skip
 
     def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
@@ -56,6 +62,10 @@ class Run(RunContext):
         # Where the clock tells Unix time: the sync run's real start and end, on its thread.
         self.unix_started: float | None = None
         self.unix_finished = 0.0
+        #: The latest start its job's ``misfire_grace`` allows (a sync run, which may wait
+        #: for a worker thread), and, if it came too late, why it was not run.
+        self.start_by: datetime | None = None
+        self.missed: str | None = None
 
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
         return RunEvent(
@@ -88,6 +98,8 @@ class Run(RunContext):
     ) -> tuple[Outcome, str | None]:
         """How the run ended (``error``: what its task raised, if anything), and the words the
         ledger keeps of it."""
+        if self.missed is not None:
+            return Outcome.MISSED, self.missed
         late = self.returned_late
         if late is None:  # cut off before it returned (at shutdown, say)
             late = self._past_lease_end()

@@ -24,7 +24,7 @@ from .lifecycle import Lifecycle
 from .observe import Observer
 from .recorder import Recorder
 from .registry import JobRegistry, JobState
-from .run import Run
+from .run import Run, past_grace
 from .sync_runs import SyncRuns
 
 __all__ = ["Run", "RunExecutor"]
@@ -109,11 +109,10 @@ class RunExecutor:
             return
         # One clock read per batch; the run's real start is taken again where it begins.
         started = self.clock.now() if now is None else now
-        grace = spec.misfire_grace
-        if grace is not None and not manual and started - claim.scheduled_at > grace:
-            late = started - claim.scheduled_at
-            why = f"it would have started {late} after its tick, past misfire_grace {grace}"
-            self._recorder.record(state, claim, Outcome.MISSED, why, claim.locked)
+        grace = None if manual else spec.misfire_grace
+        if grace is not None and started - claim.scheduled_at > grace:
+            why = past_grace(started - claim.scheduled_at, grace)
+            self._recorder.record(state, claim, Outcome.MISSED, why, claim.locked, then_next=True)
             return
         timeout = spec.timeout
         deadline = None if timeout is None else started + timeout
@@ -128,10 +127,13 @@ class RunExecutor:
         )  # fmt: skip
         if claim.locked and claim.run_id is not None and self._lease_end is not None:
             run._lease_end = functools.partial(self._lease_end, claim.run_id)
+        # A sync run may wait for a worker thread: the grace bounds its real start too.
+        run.start_by = None if grace is None or spec.is_async else scheduled_at + grace
         state.running += 1
         if not manual:
             state.runs_started += 1
-            if max_runs is not None and state.runs_started >= max_runs:
+            # A run that may yet be missed on its thread retires its job once it has run.
+            if max_runs is not None and state.runs_started >= max_runs and not run.start_by:
                 self._registry.retire(spec.name)
         active = self.active
         if not active:
@@ -273,18 +275,26 @@ class RunExecutor:
             run.started_at = from_unix(run.unix_started)
         state = run.state
         state.running -= 1
+        if run.start_by is not None and not run.manual:
+            max_runs = state.spec.max_runs
+            if run.missed is not None:
+                state.runs_started -= 1  # it did not run: it does not count against max_runs
+            elif max_runs is not None and state.runs_started >= max_runs:
+                self._registry.retire(state.spec.name)
         self.active.discard(run)
         if run.task is None:  # a sync run (even if its job has since become async)
             self.sync.finished(run)
         outcome, text = run.outcome(error, finished)
+        ran = run.missed is None
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
-            run.started_at, finished, text, run.manual,
+            run.started_at if ran else None, finished if ran else None, text, run.manual,
         )  # fmt: skip
         recorder = self._recorder
         recorder.report(
-            record, state, error=error, detail=run.cancel_detail, announced=run.timed_out
-        )
+            record, state, error=error, detail=run.cancel_detail if ran else text,
+            announced=run.timed_out,
+        )  # fmt: skip
         recorder.release(record, run.locked, state)
         if not self.active:
             assert self._idle is not None

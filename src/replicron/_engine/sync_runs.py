@@ -19,7 +19,7 @@ from replicron.context import _current
 
 from .collector import HOLD_LIMIT, CollectorHold
 from .lifecycle import Lifecycle
-from .run import Run
+from .run import Run, past_grace
 from .workers import STUCK_AFTER, WorkerPool
 
 __all__ = ["SyncRuns"]
@@ -163,6 +163,9 @@ class SyncRuns:
             run.unix_started = time.time()
         else:
             run.started_at = self.clock.now()
+        if run.start_by is not None and self._too_late(run):
+            self._hand_back(run)
+            return
         token = _current.set(run)
         error: BaseException | None = None
         try:
@@ -177,6 +180,24 @@ class SyncRuns:
         else:
             run.finished_at = self.clock.now()
         run.error = error
+        self._hand_back(run)
+
+    def _too_late(self, run: Run) -> bool:
+        """Whether ``run`` got its thread past its job's ``misfire_grace``: then it is not
+        run, and is recorded missed, whatever kept it waiting."""
+        from_unix, start_by = self.from_unix, run.start_by
+        assert start_by is not None
+        if from_unix is None:
+            started = run.finished_at = run.started_at
+        else:
+            unix_started = run.unix_finished = run.unix_started or 0.0
+            started = from_unix(unix_started)
+        if started <= start_by:
+            return False
+        run.missed = past_grace(started - run.scheduled_at, start_by - run.scheduled_at)
+        return True
+
+    def _hand_back(self, run: Run) -> None:
         # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
         # No lock: deque appends are atomic, and _drain clears the flag before it empties
         # the deque, so a result appended meanwhile either is drained or wakes it.
