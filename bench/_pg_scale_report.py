@@ -27,6 +27,7 @@ class Plan:
     seconds: float
     warmup: float
     drain: float
+    task_ms: float = TASK_MS  # how long each run's sync task sleeps
 
     @property
     def key(self) -> Key:
@@ -37,7 +38,11 @@ class Plan:
         if self.schedule == "hourly":
             return f"idle: {self.jobs:,} hourly jobs, none due, {self.seconds:g} s measured"
         what = "1 job" if self.jobs == 1 else f"{self.jobs:,} jobs"
-        return f"{what} every second, {TASK_MS:g} ms sync tasks, {self.seconds:g} s measured"
+        tasks, seconds = f"{self.task_ms:g} ms sync tasks", f"{self.seconds:g} s measured"
+        title = f"{what} every second, {tasks}, {seconds}"
+        if self.schedule == "rolling":
+            title += ", each replica restarted in turn"
+        return title
 
 
 @dataclass
@@ -82,7 +87,7 @@ def fmt(value: float | None, digits: int = 0) -> str:
 
 def ideal_ms(result: Result) -> float:
     """The last run's lateness were an instant's work spread evenly over every thread."""
-    return result.plan.jobs * TASK_MS / (len(REPLICAS) * result.workers)
+    return result.plan.jobs * result.plan.task_ms / (len(REPLICAS) * result.workers)
 
 
 _RECORD = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (?P<what>\w+ [\w.]+: .*)$")
@@ -219,6 +224,16 @@ def burst_targets(r600: Result | None) -> list[Target]:
     ]
 
 
+def rolling_target(rolling: Result | None) -> Target:
+    label = "600 jobs, rolling restart: 0 missed"
+    if rolling is None:
+        return Target(label, "not measured", None)
+    missed = rolling.outcomes["missed"]
+    missing = max(rolling.without_run, rolling.ledger_without_row or 0)
+    shown = f"{missed} missed, {rolling.duplicates} duplicate runs, {missing} ticks with no run"
+    return Target(label, shown, missed == 0 and rolling.duplicates == 0 and missing == 0)
+
+
 def one_job_target(r1: Result | None, a1: Result | None) -> Target:
     label = "1 job: p99 <= 1/3 of APScheduler 4's"
     if r1 is None or a1 is None:
@@ -248,6 +263,7 @@ def idle_target(idle: Result | None) -> Target:
 def targets(results: dict[Key, Result]) -> list[Target]:
     return [
         *burst_targets(results.get(("replicron", 600, "every-second"))),
+        rolling_target(results.get(("replicron", 600, "rolling"))),
         one_job_target(
             results.get(("replicron", 1, "every-second")),
             results.get(("apscheduler4", 1, "every-second")),

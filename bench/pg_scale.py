@@ -4,6 +4,7 @@ and APScheduler 4 side by side.
     .venv/bin/python bench/pg_scale.py             # full run, about 10 minutes
     .venv/bin/python bench/pg_scale.py --quick     # smoke test, under 2 minutes, no APScheduler
     .venv/bin/python bench/pg_scale.py --no-check  # exit 0 even if a target fails
+    .venv/bin/python bench/pg_scale.py --only rolling  # one kind of scenario
     .venv/bin/python bench/pg_scale.py --dsn postgresql://postgres@127.0.0.1/test  # a server
 
 By default it starts a throwaway PostgreSQL cluster of its own, as tools/temp_postgres.py
@@ -19,12 +20,11 @@ for a warm-up and then a measured window of whole-second ticks:
 * replicron: ``Scheduler(backend=PostgresBackend(url))`` with its defaults; N jobs
   ``every(seconds=1)`` whose sync task sleeps 5 ms, N = 1, 100, 600 and 2,000; and 1,000
   hourly jobs, none due, for the idle cost.
-* APScheduler 4.0.0a6 for N = 1 and 600 and the idle case, right before or after replicron's
-  run of the same scenario: its AsyncScheduler with an SQLAlchemy data store and an asyncpg
-  event broker on the same server, its sync tasks on its thread pool executor (its default
-  executor, ``async``, would run them on the event loop), in a virtualenv of its own that
-  this script makes (bench/.venv-apscheduler4, git-ignored, reused when present) from the
-  package index. Its connections carry ``application_name`` "apscheduler4 r1" and so on.
+* a rolling restart: 600 jobs of 30 ms tasks (the threads 60 % busy; 90 % on the two
+  replicas left while one restarts). Each replica in turn is stopped cleanly 0.1 s into a
+  burst and replaced by a new process with its replica id once it has stopped (as a
+  StatefulSet rolls out), the next once that one is ready. Every tick of the window must
+  run once and none be recorded missed.
 
 What is measured (docs/benchmarks.md says more):
 
@@ -76,11 +76,12 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import psycopg
-from _pg_scale_report import REPLICAS, TASK_MS, Key, Plan, Result, log_kinds, plot, render
+from _pg_scale_report import REPLICAS, Key, Plan, Result, log_kinds, plot, render
 from _pg_scale_server import (
     DB_COUNTERS,
     Server,
@@ -116,6 +117,13 @@ APS_REQUIREMENTS = [
 WARMUP = 11.0
 READY_TIMEOUT = 600.0
 STOP_TIMEOUT = 90.0
+#: The rolling restart's tasks: 600 a second of 30 ms on 3 x 10 threads keep them 60 % busy
+#: (90 % on two), so that every burst is spread over the replicas and part of it waits for a
+#: free thread; at 40 ms two replicas could not keep up while the third restarts.
+ROLLING_TASK_MS = 30.0
+#: When after a burst's instant a replica is stopped in the rolling restart (seconds): it
+#: holds ticks it left for others, and runs not started yet.
+BURST_STOP = 0.1
 
 
 # ---- APScheduler 4's virtualenv -------------------------------------------------------------
@@ -198,19 +206,27 @@ class Replica:
             replica.kill()
 
 
-def start_replicas(plan: Plan, url: str, rundir: Path, python: Path) -> list[Replica]:
+def start_replica(
+    plan: Plan, url: str, rundir: Path, python: Path, replica_id: str, generation: int = 1
+) -> Replica:
     anchor = math.floor(time.time())  # APScheduler's interval: whole seconds
     minute = (time.gmtime().tm_min + 30) % 60  # the hourly jobs: half an hour away
+    schedule = "hourly" if plan.schedule == "hourly" else "every-second"
+    name = f"{plan.library}-{plan.jobs}-{plan.schedule}-{replica_id}-{generation}"
+    out = rundir / f"{name}.json"
+    command = [
+        str(python), str(REPLICA), "--library", plan.library, "--dsn", url,
+        "--replica-id", replica_id, "--jobs", str(plan.jobs), "--schedule", schedule,
+        "--minute", str(minute), "--anchor", str(anchor), "--task-ms", str(plan.task_ms),
+        "--out", str(out),
+    ]  # fmt: skip
+    return Replica(command, replica_id, out)
+
+
+def start_replicas(plan: Plan, url: str, rundir: Path, python: Path) -> list[Replica]:
     replicas: list[Replica] = []
     for replica_id in REPLICAS:
-        out = rundir / f"{plan.library}-{plan.jobs}-{plan.schedule}-{replica_id}.json"
-        command = [
-            str(python), str(REPLICA), "--library", plan.library, "--dsn", url,
-            "--replica-id", replica_id, "--jobs", str(plan.jobs), "--schedule", plan.schedule,
-            "--minute", str(minute), "--anchor", str(anchor), "--task-ms", str(TASK_MS),
-            "--out", str(out),
-        ]  # fmt: skip
-        replicas.append(Replica(command, replica_id, out))
+        replicas.append(start_replica(plan, url, rundir, python, replica_id))
         if plan.library == "apscheduler4" and len(replicas) == 1:
             # Its data store creates its tables as it starts: one replica first, no race.
             replicas[0].expect("ready", time.monotonic() + READY_TIMEOUT)
@@ -225,16 +241,38 @@ def stop_replicas(replicas: list[Replica]) -> list[dict[str, Any]]:
     for replica in replicas:
         replica.ask_to_stop()
     deadline = time.monotonic() + STOP_TIMEOUT
+    return [stopped(replica, deadline) for replica in replicas]
+
+
+def stopped(replica: Replica, deadline: float) -> dict[str, Any]:
+    """Once ``replica`` (asked to stop) has: what it measured, with its stderr's records."""
+    try:
+        replica.expect("stopped", deadline)
+        replica.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        replica.kill()
+    output: dict[str, Any] = json.loads(replica.out.read_text())
+    output["log_kinds"] = log_kinds(replica.log.read_text(errors="replace"))
+    return output
+
+
+def restart_in_turn(
+    replicas: list[Replica], first: int, end: int, start_again: Callable[[str, int], Replica]
+) -> list[dict[str, Any]]:
+    """A rolling restart within the window, as a StatefulSet rolls out (one pod fewer for a
+    moment, the harder case): each replica in turn is stopped cleanly mid-burst (a
+    SIGTERM's shutdown), and once it has stopped a new process with the same replica id
+    takes its place; the next waits for that one to be ready. Returns what the stopped ones
+    measured."""
     outputs = []
-    for replica in replicas:
-        try:
-            replica.expect("stopped", deadline)
-            replica.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        finally:
-            replica.kill()
-        output: dict[str, Any] = json.loads(replica.out.read_text())
-        output["log_kinds"] = log_kinds(replica.log.read_text(errors="replace"))
-        outputs.append(output)
+    for k, old in enumerate(list(replicas)):
+        sleep_until(first + (k + 1) * (end - first) / (len(replicas) + 1) + BURST_STOP)
+        progress(f"  restarting {old.replica_id} at {time.time() - first:.1f} s")
+        old.ask_to_stop()
+        outputs.append(stopped(old, time.monotonic() + STOP_TIMEOUT))
+        new = start_again(old.replica_id, 2)
+        replicas[k] = new
+        new.expect("ready", time.monotonic() + READY_TIMEOUT)
     return outputs
 
 
@@ -267,18 +305,32 @@ def measure(server: Server, plan: Plan, db: str, url: str, rundir: Path, python:
     first = math.ceil(time.time() + plan.warmup)  # the first measured tick
     end = first + int(plan.seconds)  # the first tick after the window
     seen: Counter[str] = Counter()
+    restarted: list[dict[str, Any]] = []
+    restarter = None
+    if plan.schedule == "rolling":
+        restarter = threading.Thread(
+            target=lambda: restarted.extend(restart_in_turn(
+                replicas, first, end,
+                lambda replica_id, gen: start_replica(plan, url, rundir, python, replica_id, gen),
+            )),
+            daemon=True,
+        )  # fmt: skip
     with server.connect(server.monitor_db) as conn:
         # The window opens and closes half a second before a tick: it holds the work of the
         # measured ticks (claimed a little ahead of them) and of no others.
         sleep_until(first - 0.5)
         pids = [replica.proc.pid for replica in replicas]
         before = snapshot(server, conn, db, pids)
+        if restarter is not None:
+            restarter.start()
         while time.time() < end - 0.5:
             seen |= connections(conn, db)  # the most seen of each
             sleep_until(min(end - 0.5, time.time() + 0.5))
-        after = snapshot(server, conn, db, pids)
+        if restarter is not None:
+            restarter.join()  # the CPU of the replicas stopped meanwhile is not counted
+        after = snapshot(server, conn, db, [replica.proc.pid for replica in replicas])
     sleep_until(end + plan.drain)  # late runs of the measured ticks
-    outputs = stop_replicas(replicas)
+    outputs = stop_replicas(replicas) + restarted
     result = Result(plan)
     account(result, server, before, after, seen)
     analyse_samples(result, outputs, first, end)
@@ -309,7 +361,9 @@ def account(
         busiest = sorted((d for d in deltas if d[0] > 0), reverse=True)[:3]
         result.top_statements = [(n / window, ms / n, name) for n, _, ms, name in busiest]
 
-    replica_cpu = sum(cpu - before.replica_cpu[pid] for pid, cpu in after.replica_cpu.items())
+    replica_cpu = sum(
+        cpu - before.replica_cpu.get(pid, 0.0) for pid, cpu in after.replica_cpu.items()
+    )
     server_cpu = server_spent(server, before, after)
     ours = replica_cpu + server_cpu + (after.own_cpu - before.own_cpu)
     result.replica_cpu = replica_cpu / window
@@ -339,7 +393,7 @@ def analyse_samples(result: Result, outputs: list[dict[str, Any]], first: int, e
                 per_tick[(index, tick)] += 1
                 by_replica[output["replica_id"]] += 1
                 lateness.append((started - tick) * 1000.0)
-    if result.plan.schedule == "every-second":
+    if result.plan.schedule != "hourly":
         result.expected = result.plan.jobs * (end - first)
     result.runs = sum(per_tick.values())
     result.duplicates = result.runs - len(per_tick)
@@ -379,6 +433,7 @@ def plans(args: argparse.Namespace) -> list[Plan]:
         return [
             Plan("replicron", 100, "every-second", 8, WARMUP, 2),
             Plan("replicron", 600, "every-second", 8, WARMUP, 2),
+            Plan("replicron", 600, "rolling", 16, WARMUP, 3, ROLLING_TASK_MS),
             Plan("replicron", 1000, "hourly", 10, WARMUP, 0),
         ]
     warmup, seconds, drain = args.warmup, args.seconds, 3.0
@@ -390,6 +445,7 @@ def plans(args: argparse.Namespace) -> list[Plan]:
         Plan("replicron", 600, "every-second", seconds, warmup, drain),
         Plan("replicron", 100, "every-second", seconds, warmup, drain),
         Plan("replicron", 2000, "every-second", seconds, warmup, drain),
+        Plan("replicron", 600, "rolling", max(seconds, 40.0), warmup, drain, ROLLING_TASK_MS),
         Plan("replicron", 1000, "hourly", args.idle_seconds, warmup, 0.0),
         Plan("apscheduler4", 1000, "hourly", args.idle_seconds, warmup, 0.0),
     ]
@@ -430,12 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", action="store_true", help="1 job: 300 s measured, not 60")
     parser.add_argument("--one-seconds", type=float, help="1 job: this window (s)")
     parser.add_argument("--no-apscheduler", action="store_true")
+    parser.add_argument(
+        "--only", choices=("every-second", "rolling", "hourly"), help="these scenarios alone"
+    )
     parser.add_argument("--plot", type=Path, help="default: docs/img/pg_scale_lateness.png")
     parser.add_argument("--no-check", action="store_true", help="exit 0 even if a target fails")
     parser.add_argument("--keep-logs", action="store_true", help="keep the replicas' stderr")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, interrupted)
-    chosen = plans(args)
+    chosen = [p for p in plans(args) if args.only in (None, p.schedule)]
     began = time.monotonic()
     server: Server | None = None
     rundir = Path(tempfile.mkdtemp(prefix="replicron-pg-scale-runs."))
