@@ -74,11 +74,13 @@ class Fleet(Replicas):
         via: PoolMode | None = None,
         dsn: str | None = None,
         coordination: str | None = None,
+        max_workers: int | None = None,
     ) -> Child:
         """Start replica ``replica_id``: inside the network namespace (``in_namespace``),
         with its wall clock shifted (``faketime="+30s"``), through a pgbouncer (``via=
         "transaction"`` or ``"session"``), through ``dsn``, or directly; in the fleet's mode
-        unless ``coordination`` says another. Does not wait for it: see :meth:`wait_ready`."""
+        unless ``coordination`` says another; with ``max_workers`` worker threads (by default
+        one per job). Does not wait for it: see :meth:`wait_ready`."""
         mode = coordination or self.coordination
         host = self.netns.host_address if in_namespace else "127.0.0.1"
         if dsn is not None:
@@ -97,7 +99,8 @@ class Fleet(Replicas):
             "dsn": dsn, "jobs": jobs, "every_s": every_s, "task_ms": task_ms,
             "heartbeat_interval": heartbeat_interval, "stale_after": stale_after,
             "stop_timeout": stop_timeout, "seconds": seconds,
-            "max_workers": max(8, jobs),  # every job's run can start on time
+            # by default every job's run can start on time
+            "max_workers": max(8, jobs) if max_workers is None else max_workers,
             "fence_stale_holders": fence_stale_holders,
             # declared, as advisory mode asks of one (lease mode runs through any pooler)
             "session_pooler": via == "session" and mode == "advisory",

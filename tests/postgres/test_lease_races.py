@@ -141,7 +141,7 @@ def test_a_heartbeat_and_a_claim_taking_the_same_job_locks_do_not_deadlock(dsn: 
     lease_claim = queries()["lease_claim"].encode()
     beat = {
         "namespace": "", "run_ids": runs, "epochs": [0, 0], "locked_runs": runs,
-        "replica": "one", "offset_ms": None, "stale_after": timedelta(seconds=30),
+        "replica": "one", "offset_ms": None, "stale_after": timedelta(seconds=30), "leaving": False,
     }  # fmt: skip
     ask = {
         "namespace": "", "jobs": ["a", "b"], "ticks": [tick(2)] * 2, "locks": [True, True],

@@ -185,6 +185,7 @@ class Engine:
         if self._prepare_handle is not None:
             self._prepare_handle.cancel()
             self._prepare_handle = None
+        staying = await self._leave(limit)
         self._dispatcher.drop_waiting()
         await self.cluster.stop()
         for job, asked_at in self.registry.drop_manual():
@@ -194,7 +195,7 @@ class Engine:
             )  # fmt: skip
         if wait and _current.get(None) is None:
             await self._runs.wait_finished(limit)
-        await self._hand_over_deferred(limit)
+        await self._hand_over_deferred(limit, staying)
         # What was told to stop gets a moment to do so, even with wait=False: long enough for
         # a task that honours cancellation, short enough not to hold a shutdown up.
         grace = min(limit, _CANCEL_GRACE) if wait else _CANCEL_GRACE_NO_WAIT
@@ -215,15 +216,34 @@ class Engine:
         finish (a second SIGTERM to the daemon, say)."""
         self._runs.stop_waiting()
 
-    async def _hand_over_deferred(self, limit: float) -> None:
-        """Ticks left for replicas with free threads, and not taken by this one: the others
-        get a moment to claim them (a rolling restart stops one replica of several, mid
-        burst), then what nobody took is recorded missed (the last replica stops)."""
+    async def _leave(self, limit: float) -> frozenset[str] | None:
+        """Claiming is over: the other replicas are told at once (they stop leaving this one
+        ticks); the replicas that stay, where the backend knows."""
+        if self._shared is None:
+            return None
+        try:
+            return await asyncio.wait_for(self._shared.leave(), limit)
+        except Exception as exc:  # unreachable, say: as if nobody knew who stays
+            self.observer.log(_WARNING, "lock_error", f"could not tell the others: {exc!r}")
+            return None
+
+    async def _hand_over_deferred(self, limit: float, staying: frozenset[str] | None) -> None:
+        """Ticks left for replicas with free threads, and not taken by this one. Replicas
+        that stay have them too (each replica defers what it did not claim), and claim them
+        as their threads free up: a rolling restart loses none. Where nobody stays they are
+        recorded missed (the whole cluster stops); where the backend cannot tell, the others
+        get a moment to claim them first."""
         spreader = self._dispatcher.spreader
         if not spreader:
             return
-        peers = None if self._shared is None else self._shared.peers
-        if peers is None or peers - {self.replica_id}:  # others may be there to take them
+        if staying:
+            left = spreader.take_all()
+            self.observer.log(
+                _INFO, "handed_over", f"{len(left)} ticks left for the replicas that stay "
+                f"({', '.join(sorted(staying))})",
+            )  # fmt: skip
+            return
+        if staying is None:  # others may be there to take them
             await asyncio.sleep(min(limit, _HAND_OVER))
         left = spreader.take_all()
         why = "left for a replica with a free worker thread; none took it before shutdown"

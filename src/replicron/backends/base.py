@@ -264,6 +264,12 @@ class SharedCoordination(Protocol):
     def claims_ahead(self) -> timedelta | None:
         """How long before a tick is due a claim of it is accepted (``None``: not before)."""
 
+    async def leave(self) -> frozenset[str] | None:
+        """This replica claims no more (it is stopping): it is gone for the other replicas
+        at once. Returns the replicas that stay, read after that (of two replicas leaving at
+        once, at least one sees the other gone); ``None`` where the backend does not know.
+        The ticks a stopping replica left for others are theirs while any stay."""
+
     @property
     def connected(self) -> bool:
         """Whether the backend can coordinate now (its session is open): for readiness."""

@@ -116,6 +116,10 @@ class EmbeddedBackend(ClusterMethods):
         """Not known: other processes may share the state directory."""
         return None
 
+    async def leave(self) -> frozenset[str] | None:
+        """Which replicas stay is not known here (see ``peers``)."""
+        return None
+
     @property
     def connected(self) -> bool:
         """Whether the ledger is open."""

@@ -70,6 +70,9 @@ class Housekeeper:
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         #: The replicas of the namespace seen by the last heartbeat, this one among them.
         self.peers: frozenset[str] = frozenset()
+        #: Stopping: claims no more, and its heartbeats (while its last runs finish) keep it
+        #: gone for the others.
+        self.leaving = False
         self._offsets = OffsetEstimator()
         self._offset_warned = False
         self._task: asyncio.Task[None] | None = None
@@ -177,6 +180,16 @@ class Housekeeper:
             )  # fmt: skip
         self.refusal, self._admitted = refusal, refusal is None
 
+    async def leave(self) -> frozenset[str]:
+        """This replica claims no more: gone for the others at once; the replicas that stay,
+        read once that is committed."""
+        self.leaving = True
+        await self._statements.fetch("replica_stopped", replica=self.replica_id)
+        staying = await self._statements.fetch(
+            "replicas_staying", replica=self.replica_id, stale_after=self._stale_after
+        )
+        return frozenset(replica for (replica,) in staying)
+
     async def _advisory_heartbeat(self) -> None:
         offset = self._offsets.current
         sent = self.runs.to_heartbeat()
@@ -186,6 +199,7 @@ class Housekeeper:
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
+            leaving=self.leaving,
         )
         self.peers = frozenset(peers) | {self.replica_id}
         if not ours:  # advisory: it ran on another server session than the lock session's
@@ -215,6 +229,7 @@ class Housekeeper:
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
+            leaving=self.leaving,
         )
         self.peers = frozenset(peers) | {self.replica_id}
         self._clock_sample(db_now)

@@ -158,6 +158,11 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
 
+    async def leave(self) -> frozenset[str]:
+        """This replica stops claiming (it is shutting down): gone for the others at once,
+        so that they no longer leave it ticks; returns the replicas that stay."""
+        return await self._housekeeper.leave()
+
     @property
     def peers(self) -> frozenset[str]:
         """The replicas of the namespace seen by the last heartbeat, this one among them: a

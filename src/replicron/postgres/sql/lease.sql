@@ -246,9 +246,11 @@ WITH mine AS MATERIALIZED (
             'lease')
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = NULL, clock_offset_ms = excluded.clock_offset_ms,
-        last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after,
+        last_seen = excluded.last_seen, stale_after = excluded.stale_after,
+        -- A replica that is leaving (it claims no more; its last runs finish) stays gone.
+        stopped_at = CASE WHEN %(leaving)s::boolean THEN coalesce(r.stopped_at, now()) END,
         coordination = excluded.coordination,
-        started_at = CASE WHEN r.stopped_at IS NOT NULL
+        started_at = CASE WHEN (r.stopped_at IS NOT NULL AND NOT %(leaving)s::boolean)
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END

@@ -339,9 +339,11 @@ WITH refreshed AS (
     ON CONFLICT (namespace, replica_id) DO UPDATE
     SET backend_pid = excluded.backend_pid, clock_offset_ms = excluded.clock_offset_ms,
         coordination = excluded.coordination,
-        last_seen = excluded.last_seen, stopped_at = NULL, stale_after = excluded.stale_after,
+        last_seen = excluded.last_seen, stale_after = excluded.stale_after,
+        -- A replica that is leaving (it claims no more; its last runs finish) stays gone.
+        stopped_at = CASE WHEN %(leaving)s::boolean THEN coalesce(r.stopped_at, now()) END,
         -- A replica id used again by a new process (a restarted container): it starts anew.
-        started_at = CASE WHEN r.stopped_at IS NOT NULL
+        started_at = CASE WHEN (r.stopped_at IS NOT NULL AND NOT %(leaving)s::boolean)
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
@@ -613,9 +615,19 @@ DELETE FROM replicron_jobs
 WHERE namespace = %(namespace)s AND last_seen < now() - %(retention)s::interval;
 
 -- name: replica_stopped
--- This replica stops: gone for the others at once (peers, status), not in a few heartbeats.
-UPDATE replicron_replicas SET stopped_at = now()
+-- This replica stops, or stops claiming: gone for the others at once (peers, status), not in
+-- a few heartbeats.
+UPDATE replicron_replicas SET stopped_at = coalesce(stopped_at, now())
 WHERE namespace = %(namespace)s AND replica_id = %(replica)s;
+
+-- name: replicas_staying
+-- The other replicas of the namespace that are up and not leaving. Read in a statement after
+-- this replica's own leaving committed: of two replicas leaving at once, at least one sees
+-- the other gone (each marks itself, then reads).
+SELECT replica_id FROM replicron_replicas
+WHERE namespace = %(namespace)s AND replica_id <> %(replica)s AND stopped_at IS NULL
+  AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval)
+ORDER BY replica_id;
 
 -- name: database_clock
 SELECT clock_timestamp();
