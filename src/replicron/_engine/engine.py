@@ -53,9 +53,12 @@ class _Failed:
 _FAILED = _Failed()
 #: Seconds a cancelled run has to end at shutdown, waiting (capped by the stop timeout) or not.
 _CANCEL_GRACE, _CANCEL_GRACE_NO_WAIT = 5.0, 0.5
-#: Seconds a stopping replica leaves its deferred ticks to the others before recording them
-#: missed: a few claims' round trips of a busy server.
+#: Where the backend cannot tell who stays: seconds a stopping replica leaves its deferred
+#: ticks to the others before recording them missed (a few claims' round trips).
 _HAND_OVER = 0.5
+#: How long a stopping replica waits, at most, to tell the others it leaves (seconds): two
+#: short statements; a server that takes longer must not hold the shutdown up.
+_LEAVE_WITHIN = 1.0
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
@@ -222,7 +225,7 @@ class Engine:
         if self._shared is None:
             return None
         try:
-            return await asyncio.wait_for(self._shared.leave(), limit)
+            return await asyncio.wait_for(self._shared.leave(), min(limit, _LEAVE_WITHIN))
         except Exception as exc:  # unreachable, say: as if nobody knew who stays
             self.observer.log(_WARNING, "lock_error", f"could not tell the others: {exc!r}")
             return None
