@@ -178,7 +178,9 @@ def test_a_lost_connection_loses_no_run(dsn: str) -> None:
     run(main())
 
 
-def test_replicas_of_one_namespace_must_agree_on_the_mode(dsn: str) -> None:
+def test_replicas_of_one_namespace_must_agree_on_the_mode(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
     async def main() -> None:
         async with opened(dsn, "a", coordination="advisory"):
             with pytest.raises(ConfigurationError, match=r"a \(advisory\)"):
@@ -188,6 +190,8 @@ def test_replicas_of_one_namespace_must_agree_on_the_mode(dsn: str) -> None:
                 pass
 
     run(main())
+    # Refused at start it does not start: no word of waiting for the others to go.
+    assert "claiming nothing until" not in caplog.text
 
 
 #: Timing short enough to wait out a replica going stale in real time.
@@ -221,6 +225,8 @@ def test_a_replica_back_after_being_counted_gone_claims_nothing_beside_the_other
             try:
                 with pytest.raises(MixedModesError, match=rf"b \({second}\)"):
                     await claim(a, "report", 1, lock=True)
+                assert a.refusal is not None  # and /readyz says so
+                assert "b (" in a.refusal
                 with pytest.raises(MixedModesError):
                     await a.record_unclaimed([missed("report", 1)])
                 won = await claim(b, "report", 1, lock=True)
@@ -229,6 +235,7 @@ def test_a_replica_back_after_being_counted_gone_claims_nothing_beside_the_other
             finally:
                 await b.close()
             assert (await claim(a, "report", 2, lock=True)).status == CLAIMED
+            assert a.refusal is None
             assert sql(dsn, "SELECT replica_id FROM replicron_runs ORDER BY run_id") == [
                 ("b",),
                 ("a",),

@@ -274,6 +274,11 @@ class SharedCoordination(Protocol):
     def connected(self) -> bool:
         """Whether the backend can coordinate now (its session is open): for readiness."""
 
+    @property
+    def refusal(self) -> str | None:
+        """Why this replica claims nothing now though connected (PostgreSQL: replicas of the
+        other coordination mode share its namespace), or ``None``: for readiness."""
+
 
 @runtime_checkable
 class LeasedRuns(Protocol):

@@ -116,6 +116,11 @@ class EmbeddedBackend(ClusterMethods):
         """Not known: other processes may share the state directory."""
         return None
 
+    @property
+    def refusal(self) -> str | None:
+        """Never: replicas of one state directory always coordinate the same way."""
+        return None
+
     async def leave(self) -> frozenset[str] | None:
         """Which replicas stay is not known here (see ``peers``)."""
         return None

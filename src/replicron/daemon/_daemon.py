@@ -342,6 +342,8 @@ class Daemon:
             backend = scheduler.backend
             if isinstance(backend, SharedCoordination) and not backend.connected:
                 problems.append("the lock session to PostgreSQL is not open (no lease held)")
+            elif isinstance(backend, SharedCoordination) and backend.refusal is not None:
+                problems.append(f"claiming nothing: {backend.refusal}")
             age = None if self._read_at is None else time.monotonic() - self._read_at
             if age is None or age > READY_WITHIN:
                 since = "never" if age is None else f"{age:.0f} s ago"

@@ -73,6 +73,8 @@ class Housekeeper:
         #: Stopping: claims no more, and its heartbeats (while its last runs finish) keep it
         #: gone for the others.
         self.leaving = False
+        #: Open (past the check at start, which refuses to open beside the other mode).
+        self.opened = False
         self._offsets = OffsetEstimator()
         self._offset_warned = False
         self._task: asyncio.Task[None] | None = None
@@ -168,7 +170,7 @@ class Housekeeper:
                 f"namespace: {named}. The modes' locks do not see each other: stop them all, or "
                 "give this replica their mode"
             )
-            if refusal != self.refusal:
+            if refusal != self.refusal and self.opened:  # at open: the replica fails to start
                 logger.error(
                     "%s; claiming nothing until they are gone", refusal,
                     extra={"event": "lock_error", "replica": self.replica_id},

@@ -186,6 +186,12 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         """Whether the lock session is open and usable (for readiness probes)."""
         return self._session is not None and self._session.connected
 
+    @property
+    def refusal(self) -> str | None:
+        """Why this replica claims nothing now (replicas of the other coordination mode
+        share its namespace: see :class:`MixedModesError`), or ``None``."""
+        return self._housekeeper.refusal
+
     def lock_key(self, job: str) -> int:
         return job_lock_key(self.namespace + job)
 
@@ -238,6 +244,7 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         # After the first heartbeat, which says this replica's mode: of two replicas of
         # different modes starting at once, each sees the other.
         await self._refuse_mixed_modes()
+        self._housekeeper.opened = True
 
     async def close(self) -> None:
         await self._housekeeper.stop()
