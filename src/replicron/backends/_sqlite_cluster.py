@@ -33,6 +33,7 @@ __all__ = [
     "ClusterMethods",
     "announce",
     "forget",
+    "leave",
     "paused_jobs",
     "prune_registry",
     "read_cluster",
@@ -91,6 +92,20 @@ def prune_registry(conn: sqlite3.Connection, retention: timedelta) -> None:
 
 def replica_stopped(conn: sqlite3.Connection, replica: str) -> None:
     conn.execute(sql("replica_stopped"), {"now": now_us(), "replica": replica})
+
+
+def leave(ledger: Ledger, replica: str) -> frozenset[str]:
+    """``replica`` claims no more: gone for the others at once; then, in a transaction of its
+    own (of two replicas leaving at once, at least one sees the other gone), the others whose
+    processes are alive and not stopping."""
+    with ledger.write() as conn:
+        replica_stopped(conn, replica)
+    with ledger.write() as conn:
+        rows = conn.execute(sql("replicas")).fetchall()
+    return frozenset(
+        other for other, pid, start, _, _, stopped in rows
+        if other != replica and _alive(pid, start, stopped)
+    )  # fmt: skip
 
 
 def paused_jobs(conn: sqlite3.Connection) -> frozenset[str]:

@@ -40,7 +40,7 @@ from ._janitor import Janitor
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
-from ._sqlite_cluster import ClusterMethods, register_replica, replica_stopped
+from ._sqlite_cluster import ClusterMethods, leave, register_replica, replica_stopped
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
@@ -122,8 +122,9 @@ class EmbeddedBackend(ClusterMethods):
         return None
 
     async def leave(self) -> frozenset[str] | None:
-        """Which replicas stay is not known here (see ``peers``)."""
-        return None
+        """This replica claims no more: gone for the others at once; the replicas whose
+        processes live on and are not stopping too."""
+        return await self._call(self._leave)
 
     @property
     def connected(self) -> bool:
@@ -219,6 +220,9 @@ class EmbeddedBackend(ClusterMethods):
         self._locks = FileLocks(directory / LOCKS_DIR)
         self._ledger = ledger
         self._janitor.restart()
+
+    def _leave(self) -> frozenset[str] | None:
+        return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:
         ledger, self._ledger = self._ledger, None
