@@ -92,3 +92,28 @@ def test_every_replica_stopped_at_once_records_the_ticks_nobody_runs(
     summary(f"[both stopped at once mid-burst] {analysis} | {outcomes} exit={codes}")
     assert len(outcomes) == JOBS  # every tick of the burst has its row
     assert "missed" in outcomes.values()  # 2 threads, 6 runs: not all of them ran
+
+
+@both_modes
+def test_a_replica_that_joined_after_the_burst_is_not_left_its_ticks(
+    replicas: Fleet, summary: Summary
+) -> None:
+    """r2 starts after the burst's instant, so it never planned those ticks: r1, stopping
+    while it still holds some, records them missed instead of leaving them to nobody."""
+    replicas.start(
+        "r1", jobs=JOBS, every_s=EVERY_S, task_ms=TASK_MS, max_workers=1, stop_timeout=30
+    )
+    ready = replicas.wait_ready(["r1"])
+    tick, began = burst_started(replicas, ready["r1"] + 0.5)
+    replicas.start(
+        "r2", jobs=JOBS, every_s=EVERY_S, task_ms=TASK_MS, max_workers=1, stop_timeout=30
+    )
+    replicas.wait_ready(["r2"])
+    code, _ = replicas.current["r1"].stop()
+    window = Window.from_monotonic(began - 0.5, began + 0.5)
+    replicas.stop()
+    analysis = replicas.assert_invariants(window)
+    outcomes = outcomes_at(replicas, tick)
+    summary(f"[r2 joined after the burst, r1 stopped] {analysis} | {outcomes} exit={code}")
+    assert len(outcomes) == JOBS  # every tick of the burst has its row
+    assert "missed" in outcomes.values()  # r1's one thread could not run them all

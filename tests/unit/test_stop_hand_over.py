@@ -98,3 +98,31 @@ def test_the_last_replica_to_stop_records_the_ticks_nobody_ran(
     assert len(recorder.of("after_success")) == 2
     assert sorted(e.job for e in missed) == sorted(set(JOBS) - {j for _, j in task.ran})
     assert {e.outcome for e in missed} == {Outcome.MISSED}
+
+
+def test_a_replica_that_joined_after_the_tick_is_not_handed_it(
+    two: tuple[Scheduler, Scheduler, Recorder], clock: FakeClock
+) -> None:
+    """b starts after the burst's instant, so it never planned those ticks: a, stopping,
+    records them missed rather than leave them to b, where nobody would run or record them."""
+    a, b, recorder = two
+    task = HeldByReplica()
+    for s in (a, b):
+        for job in JOBS:
+            s.add_job(every(hours=1, anchor=TICK), task, name=job)
+    a.start()
+    step(clock, TICK)
+    assert task.started.acquire(timeout=10)  # a's one thread; the other three ticks wait
+    b.start()
+    stopping = threading.Thread(target=a.shutdown)
+    stopping.start()
+    task.go["a"].set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    task.go["b"].set()
+    succeeded = [e.job for e in recorder.of("after_success")]
+    missed = [e.job for e in recorder.of("on_missed")]
+    assert succeeded == [task.ran[0][1]]
+    assert sorted(succeeded + missed) == JOBS  # every tick has its one outcome
+    b.shutdown()
+    assert [replica for replica, _ in task.ran] == ["a"]

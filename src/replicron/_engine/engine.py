@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime, tzinfo
 from typing import TypeVar
 
@@ -32,6 +32,7 @@ from .background import Background
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
 from .lifecycle import Lifecycle
+from .membership import Membership, held_by_staying
 from .observe import Observer
 from .planner import Tick
 from .recorder import Recorder
@@ -56,9 +57,6 @@ _CANCEL_GRACE, _CANCEL_GRACE_NO_WAIT = 5.0, 0.5
 #: Where the backend cannot tell who stays: seconds a stopping replica leaves its deferred
 #: ticks to the others before recording them missed (a few claims' round trips).
 _HAND_OVER = 0.5
-#: How long a stopping replica waits, at most, to tell the others it leaves (seconds): two
-#: short statements; a server that takes longer must not hold the shutdown up.
-_LEAVE_WITHIN = 1.0
 #: Seconds after a dispatch before the next instant is planned ahead (real time).
 _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
@@ -121,6 +119,7 @@ class Engine:
             retries=self._retries, observer=self.observer,
         )  # fmt: skip
         self.cluster = ClusterWatch(backend, self.registry, self.observer)
+        self._membership = Membership(shared, self.observer, self._background)
         # The registry hears at once that a job expects no more ticks.
         self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,7 +149,8 @@ class Engine:
         await self.backend.open(self.replica_id, self._runs.lock_lost)
         self._runs.open(loop)
         self.life.phase = "running"
-        self.registry.start()
+        self.registry.start()  # plans each job's ticks strictly after its now, all before:
+        await self._membership.join(self.clock.now())
         await self.cluster.start()
         self._main = loop.create_task(self._run_loop(), name="replicron-engine")
         jobs = len(self.registry)
@@ -188,7 +188,7 @@ class Engine:
         if self._prepare_handle is not None:
             self._prepare_handle.cancel()
             self._prepare_handle = None
-        staying = await self._leave(limit)
+        staying = await self._membership.leave(limit)
         self._dispatcher.drop_waiting()
         await self.cluster.stop()
         for job, asked_at in self.registry.drop_manual():
@@ -219,37 +219,33 @@ class Engine:
         finish (a second SIGTERM to the daemon, say)."""
         self._runs.stop_waiting()
 
-    async def _leave(self, limit: float) -> frozenset[str] | None:
-        """Claiming is over: the other replicas are told at once (they stop leaving this one
-        ticks); the replicas that stay, where the backend knows."""
-        if self._shared is None:
-            return None
-        try:
-            return await asyncio.wait_for(self._shared.leave(), min(limit, _LEAVE_WITHIN))
-        except Exception as exc:  # unreachable, say: as if nobody knew who stays
-            self.observer.log(_WARNING, "lock_error", f"could not tell the others: {exc!r}")
-            return None
-
-    async def _hand_over_deferred(self, limit: float, staying: frozenset[str] | None) -> None:
-        """Ticks left for replicas with free threads, and not taken by this one. Replicas
-        that stay have them too (each replica defers what it did not claim), and claim them
-        as their threads free up: a rolling restart loses none. Where nobody stays they are
-        recorded missed (the whole cluster stops); where the backend cannot tell, the others
-        get a moment to claim them first."""
+    async def _hand_over_deferred(
+        self, limit: float, staying: Mapping[str, datetime] | None
+    ) -> None:
+        """Ticks left for replicas with free threads, and not taken by this one. A replica
+        that stays and was planning at a tick's instant holds it too (each replica defers
+        what it did not claim), and claims it as its threads free up: a rolling restart
+        loses none. The others are recorded missed (the whole cluster stops, or those that
+        stay joined after the tick); where the backend cannot tell who stays, the others get
+        a moment to claim them first."""
         spreader = self._dispatcher.spreader
         if not spreader:
             return
-        if staying:
-            left = spreader.take_all()
-            self.observer.log(
-                _INFO, "handed_over", f"{len(left)} ticks left for the replicas that stay "
-                f"({', '.join(sorted(staying))})",
-            )  # fmt: skip
-            return
         if staying is None:  # others may be there to take them
             await asyncio.sleep(min(limit, _HAND_OVER))
-        left = spreader.take_all()
-        why = "left for a replica with a free worker thread; none took it before shutdown"
+        handed, left = held_by_staying(spreader.take_all(), staying or {})
+        if handed:
+            self.observer.log(
+                _INFO, "handed_over", f"{len(handed)} ticks left for the replicas that stay "
+                f"({', '.join(sorted(staying or ()))})",
+            )  # fmt: skip
+        if not left:
+            return
+        why = (
+            "left for a replica with a free worker thread; none took it before shutdown"
+            if not staying else "left for a replica with a free worker thread; the replicas "
+            "that stay joined after it was due, so none of them holds it"
+        )  # fmt: skip
         if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
             self._retries.unhandle(left, self.clock.now())
 

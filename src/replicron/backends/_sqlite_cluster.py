@@ -33,6 +33,7 @@ __all__ = [
     "ClusterMethods",
     "announce",
     "forget",
+    "join",
     "leave",
     "paused_jobs",
     "prune_registry",
@@ -94,18 +95,24 @@ def replica_stopped(conn: sqlite3.Connection, replica: str) -> None:
     conn.execute(sql("replica_stopped"), {"now": now_us(), "replica": replica})
 
 
-def leave(ledger: Ledger, replica: str) -> frozenset[str]:
+def join(conn: sqlite3.Connection, replica: str, since: datetime) -> None:
+    """``replica`` plans every tick from ``since`` on (a leaving replica hands it only the
+    ticks from then on)."""
+    conn.execute(sql("replica_joined"), {"since": to_micros(since), "replica": replica})
+
+
+def leave(ledger: Ledger, replica: str) -> dict[str, datetime]:
     """``replica`` claims no more: gone for the others at once; then, in a transaction of its
     own (of two replicas leaving at once, at least one sees the other gone), the others whose
-    processes are alive and not stopping."""
+    processes are alive and not stopping, with when each joined."""
     with ledger.write() as conn:
         replica_stopped(conn, replica)
     with ledger.write() as conn:
         rows = conn.execute(sql("replicas")).fetchall()
-    return frozenset(
-        other for other, pid, start, _, _, stopped in rows
+    return {
+        other: from_micros(joined) for other, pid, start, joined, _, stopped in rows
         if other != replica and _alive(pid, start, stopped)
-    )  # fmt: skip
+    }  # fmt: skip
 
 
 def paused_jobs(conn: sqlite3.Connection) -> frozenset[str]:

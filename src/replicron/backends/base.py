@@ -30,7 +30,7 @@ the releases that pile up while a call is under way into the next.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
@@ -264,11 +264,16 @@ class SharedCoordination(Protocol):
     def claims_ahead(self) -> timedelta | None:
         """How long before a tick is due a claim of it is accepted (``None``: not before)."""
 
-    async def leave(self) -> frozenset[str] | None:
+    async def join(self, since: datetime) -> None:
+        """This replica plans every tick after ``since`` (its scheduler's clock): a
+        replica that leaves later hands it only ticks from then on."""
+
+    async def leave(self) -> Mapping[str, datetime] | None:
         """This replica claims no more (it is stopping): it is gone for the other replicas
         at once. Returns the replicas that stay, read after that (of two replicas leaving at
-        once, at least one sees the other gone); ``None`` where the backend does not know.
-        The ticks a stopping replica left for others are theirs while any stay."""
+        once, at least one sees the other gone), each with the ``since`` it joined with;
+        ``None`` where the backend does not know. A tick a stopping replica left for others
+        is theirs if one that stays was planning at its instant: the others did not plan it."""
 
     @property
     def connected(self) -> bool:

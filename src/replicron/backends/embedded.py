@@ -40,7 +40,7 @@ from ._janitor import Janitor
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
-from ._sqlite_cluster import ClusterMethods, leave, register_replica, replica_stopped
+from ._sqlite_cluster import ClusterMethods, join, leave, register_replica, replica_stopped
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
@@ -121,7 +121,10 @@ class EmbeddedBackend(ClusterMethods):
         """Never: replicas of one state directory always coordinate the same way."""
         return None
 
-    async def leave(self) -> frozenset[str] | None:
+    async def join(self, since: datetime) -> None:
+        await self._call(self._join, since)
+
+    async def leave(self) -> dict[str, datetime] | None:
         """This replica claims no more: gone for the others at once; the replicas whose
         processes live on and are not stopping too."""
         return await self._call(self._leave)
@@ -221,7 +224,11 @@ class EmbeddedBackend(ClusterMethods):
         self._ledger = ledger
         self._janitor.restart()
 
-    def _leave(self) -> frozenset[str] | None:
+    def _join(self, since: datetime) -> None:
+        with self._require().write() as conn:
+            join(conn, self.replica_id, since)
+
+    def _leave(self) -> dict[str, datetime] | None:
         return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:

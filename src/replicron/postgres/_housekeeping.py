@@ -102,6 +102,7 @@ class Housekeeper:
         self._on_lock_lost = on_lock_lost
 
     async def start(self) -> None:
+        self.leaving = False  # a backend opened again after a shutdown
         for _ in range(3):  # the offset is needed before the first tick is planned
             await self._sample_clock()
         await self.heartbeat()  # seen by the other replicas, and seeing them, from the start
@@ -182,15 +183,19 @@ class Housekeeper:
             )  # fmt: skip
         self.refusal, self._admitted = refusal, refusal is None
 
-    async def leave(self) -> frozenset[str]:
+    async def join(self, since: datetime) -> None:
+        """From ``since`` on this replica plans every tick: what a leaving one may hand it."""
+        await self._statements.fetch("replica_joined", replica=self.replica_id, since=since)
+
+    async def leave(self) -> dict[str, datetime]:
         """This replica claims no more: gone for the others at once; the replicas that stay,
-        read once that is committed."""
+        read once that is committed, with the instant each one joined at."""
         self.leaving = True
         await self._statements.fetch("replica_stopped", replica=self.replica_id)
         staying = await self._statements.fetch(
             "replicas_staying", replica=self.replica_id, stale_after=self._stale_after
         )
-        return frozenset(replica for (replica,) in staying)
+        return dict(staying)
 
     async def _advisory_heartbeat(self) -> None:
         offset = self._offsets.current

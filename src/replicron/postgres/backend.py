@@ -158,7 +158,10 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
 
-    async def leave(self) -> frozenset[str]:
+    async def join(self, since: datetime) -> None:
+        await self._housekeeper.join(since)
+
+    async def leave(self) -> dict[str, datetime]:
         """This replica stops claiming (it is shutting down): gone for the others at once,
         so that they no longer leave it ticks; returns the replicas that stay."""
         return await self._housekeeper.leave()

@@ -158,6 +158,9 @@ ON CONFLICT (replica_id) DO UPDATE SET
 -- name: replica_stopped
 UPDATE replicron_replicas SET stopped_at = :now WHERE replica_id = :replica;
 
+-- name: replica_joined
+UPDATE replicron_replicas SET started_at = :since WHERE replica_id = :replica;
+
 -- name: replica_seen
 UPDATE replicron_replicas SET last_seen = :now WHERE replica_id = :replica;
 

@@ -620,11 +620,17 @@ WHERE namespace = %(namespace)s AND last_seen < now() - %(retention)s::interval;
 UPDATE replicron_replicas SET stopped_at = coalesce(stopped_at, now())
 WHERE namespace = %(namespace)s AND replica_id = %(replica)s;
 
+-- name: replica_joined
+-- This replica plans every tick from %(since)s on (a leaving replica hands it only the ticks
+-- from then on). Written as it starts, milliseconds after its first heartbeat set started_at.
+UPDATE replicron_replicas SET started_at = %(since)s
+WHERE namespace = %(namespace)s AND replica_id = %(replica)s;
+
 -- name: replicas_staying
--- The other replicas of the namespace that are up and not leaving. Read in a statement after
--- this replica's own leaving committed: of two replicas leaving at once, at least one sees
--- the other gone (each marks itself, then reads).
-SELECT replica_id FROM replicron_replicas
+-- The other replicas of the namespace that are up and not leaving, with when each joined.
+-- Read in a statement after this replica's own leaving committed: of two replicas leaving at
+-- once, at least one sees the other gone (each marks itself, then reads).
+SELECT replica_id, started_at FROM replicron_replicas
 WHERE namespace = %(namespace)s AND replica_id <> %(replica)s AND stopped_at IS NULL
   AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval)
 ORDER BY replica_id;
