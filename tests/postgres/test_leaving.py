@@ -5,13 +5,22 @@ committed, so that of replicas leaving together at least one sees itself the las
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
+from replicron import Scheduler, every
+from replicron._engine.membership import LEAVE_WITHIN
 from replicron.postgres import PostgresBackend
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, z
 from tests.postgres.test_postgres_backend import opened
+
+START = z(2026, 1, 1)
 
 MODES = pytest.mark.parametrize("coordination", ["advisory", "lease"])
 
@@ -108,3 +117,38 @@ def test_a_backend_opened_again_after_leaving_is_among_the_peers(
                 await b.close()
 
     asyncio.run(main())
+
+
+def test_a_slow_leave_does_not_cut_the_lock_session_under_a_run(dsn: str) -> None:
+    """Telling the others takes longer than a stopping replica waits for it (the row is
+    locked by another transaction): the statement goes on rather than being cancelled, which
+    would take the lock session, and with it the lock of the run going on."""
+    clock = FakeClock(START)
+    recorder = Recorder()
+    started, go = threading.Event(), threading.Event()
+
+    def task() -> None:
+        started.set()
+        assert go.wait(30)
+
+    # Statements may take 5 s here: the leave's bound, not the server's, is what is passed.
+    backend = PostgresBackend(dsn, heartbeat_interval=2, stale_after=12)
+    scheduler = Scheduler(clock=clock, backend=backend, replica_id="slow", listeners=[recorder])
+    scheduler.add_job(every(seconds=10), task, name="report")
+    scheduler.start()
+    clock.set(START + timedelta(seconds=10))
+    assert started.wait(10)
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute("SELECT 1 FROM replicron_replicas WHERE replica_id = 'slow' FOR UPDATE")
+        stopping = threading.Thread(target=scheduler.shutdown, kwargs={"timeout": 20})
+        stopping.start()
+        time.sleep(LEAVE_WITHIN + 1)  # the leave waits on the row past its bound
+        blocker.rollback()
+    go.set()
+    stopping.join(30)
+    assert not stopping.is_alive()
+    assert recorder.of("on_lock_error") == []
+    assert [e.job for e in recorder.of("after_success")] == ["report"]
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT outcome FROM replicron_runs WHERE job = 'report'").fetchall()
+    assert rows == [("succeeded",)]
