@@ -97,6 +97,36 @@ def test_a_run_missed_on_its_thread_does_not_use_up_max_runs(
     assert job.next_run() is None  # then it is done
 
 
+def test_a_run_timed_out_while_it_waited_for_a_thread_is_not_called(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    """Its timeout passes before a thread is free (and so does its grace): it is recorded
+    timed out, as announced at the deadline, and its task is never called that late."""
+    blocker, late = Gate(), Gate()
+    late.release.set()
+    state = MemoryState()
+    s = make(clock=clock, listeners=[recorder], max_workers=1, backend=MemoryBackend(state))
+    s.add_job(every(seconds=10), blocker, name="j0")
+    s.add_job(every(hours=1, anchor=HOURLY_AT), late, name="j1", misfire_grace=60, timeout=120)
+    step(clock, T[1])
+    blocker.wait_started(1)
+    step(clock, HOURLY_AT)
+    step(clock, HOURLY_AT + timedelta(minutes=2))  # its deadline: on_timeout is told now
+    recorder.wait_count("on_timeout", 1, job="j1")
+    step(clock, HOURLY_AT + timedelta(minutes=5))
+    blocker.release.set()
+    recorder.wait_count("after_success", 1, job="j0")
+    s.wait_idle()
+    [record] = [r for r in state.history("j1") if r.scheduled_at == HOURLY_AT]
+    assert record.outcome is Outcome.TIMED_OUT
+    assert record.started_at is None
+    assert record.error is not None
+    assert "no worker thread was free" in record.error
+    assert late.started == []
+    assert recorder.of("on_missed", "j1") == []
+    assert len(recorder.of("on_timeout", "j1")) == 1
+
+
 def test_a_tick_deferred_for_capacity_is_missed_past_its_grace(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, tmp_path: Path
 ) -> None:

@@ -28,7 +28,7 @@ class Run(RunContext):
     __slots__ = (
         "call", "error", "finished", "finished_at", "locked", "missed", "returned_late",
         "start_by", "started_at", "state", "task", "timed_out", "unix_finished",
-        "unix_started",
+        "unix_started", "unstarted",
     )  # fmt: skip
 
     def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
@@ -66,6 +66,8 @@ class Run(RunContext):
         #: for a worker thread), and, if it came too late, why it was not run.
         self.start_by: datetime | None = None
         self.missed: str | None = None
+        #: Cut off (timed out, its lock lost) before a worker thread was free: never called.
+        self.unstarted = False
 
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
         return RunEvent(
@@ -111,7 +113,9 @@ class Run(RunContext):
             outcome = Outcome.TIMED_OUT
             deadline = self.deadline
             overrun = timedelta(0) if deadline is None else finished - deadline
-            if self.task is None and overrun > timedelta(0):
+            if self.unstarted:
+                self.cancel_detail = f"{self.cancel_detail}; no worker thread was free before"
+            elif self.task is None and overrun > timedelta(0):
                 returned = f"the sync task returned {overrun} after it"
                 self.cancel_detail = f"{self.cancel_detail}; {returned}"
         else:

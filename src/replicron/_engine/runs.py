@@ -285,7 +285,7 @@ class RunExecutor:
         if run.task is None:  # a sync run (even if its job has since become async)
             self.sync.finished(run)
         outcome, text = run.outcome(error, finished)
-        ran = run.missed is None
+        ran = run.missed is None and not run.unstarted
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
             run.started_at if ran else None, finished if ran else None, text, run.manual,

@@ -163,6 +163,11 @@ class SyncRuns:
             run.unix_started = time.time()
         else:
             run.started_at = self.clock.now()
+        if run.cancel_reason is not None:  # cut off (timed out, lock lost) while it waited
+            run.unstarted = True
+            self._ended_unrun(run)
+            self._hand_back(run)
+            return
         if run.start_by is not None and self._too_late(run):
             self._hand_back(run)
             return
@@ -185,17 +190,21 @@ class SyncRuns:
     def _too_late(self, run: Run) -> bool:
         """Whether ``run`` got its thread past its job's ``misfire_grace``: then it is not
         run, and is recorded missed, whatever kept it waiting."""
-        from_unix, start_by = self.from_unix, run.start_by
+        start_by = run.start_by
         assert start_by is not None
-        if from_unix is None:
-            started = run.finished_at = run.started_at
-        else:
-            unix_started = run.unix_finished = run.unix_started or 0.0
-            started = from_unix(unix_started)
+        started = self._ended_unrun(run)
         if started <= start_by:
             return False
         run.missed = past_grace(started - run.scheduled_at, start_by - run.scheduled_at)
         return True
+
+    def _ended_unrun(self, run: Run) -> datetime:
+        """End ``run`` where it would have started (its task is not called): when is that."""
+        if self.from_unix is None:
+            started = run.finished_at = run.started_at
+            return started
+        unix_started = run.unix_finished = run.unix_started or 0.0
+        return self.from_unix(unix_started)
 
     def _hand_back(self, run: Run) -> None:
         # Hand the result back in batches: one loop wake-up for all runs finished meanwhile.
