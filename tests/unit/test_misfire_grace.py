@@ -127,6 +127,47 @@ def test_a_run_timed_out_while_it_waited_for_a_thread_is_not_called(
     assert len(recorder.of("on_timeout", "j1")) == 1
 
 
+@pytest.mark.parametrize("kind", ["memory", "embedded"])
+def test_a_run_missed_on_its_thread_does_not_use_up_max_runs_while_the_job_ticks(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, tmp_path: Path,
+    kind: str,
+) -> None:  # fmt: skip
+    backend = MemoryBackend() if kind == "memory" else EmbeddedBackend(tmp_path / "state")
+    s = make(clock=clock, listeners=[recorder], max_workers=1, backend=backend)
+    max_runs_while_ticking(s, clock, recorder, shared=kind != "memory")
+
+
+def max_runs_while_ticking(
+    s: Scheduler, clock: FakeClock, recorder: Recorder, *, shared: bool
+) -> None:
+    """The job's next tick comes while its first still waits for the thread (claimed and
+    started, or on a shared backend left for a replica with a free thread): a count of its
+    runs that includes the first must not retire the job once the first is missed."""
+    blocker, late = Gate(), Gate()
+    late.release.set()
+    s.add_job(every(hours=1, anchor=T[1]), blocker, name="j0")
+    anchor = T[1] + timedelta(seconds=1)
+    job = s.add_job(every(seconds=10, anchor=anchor), late, name="j1", misfire_grace=5, max_runs=1)
+    step(clock, T[1])
+    blocker.wait_started(1)
+    step(clock, anchor)  # j1's first tick waits for the thread
+    step(clock, anchor + timedelta(seconds=10))  # its second comes meanwhile
+    assert clock.wait_for_sleepers(1)  # and is answered
+    blocker.release.set()
+    [missed] = recorder.wait_count("on_missed", 1, job="j1")
+    assert missed.scheduled_at == anchor
+    s.wait_idle()
+    # A shared backend left the second tick unclaimed, for when a thread is free: it runs.
+    # The memory backend counted the first as a run when the second came: the third runs.
+    runs_at = anchor + timedelta(seconds=10 if shared else 20)
+    if not shared:
+        step(clock, runs_at)
+    late.wait_started(1)  # its one run
+    recorder.wait_count("after_success", 1, job="j1")
+    assert late.started == [runs_at]
+    assert job.next_run() is None
+
+
 def test_a_tick_deferred_for_capacity_is_missed_past_its_grace(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, tmp_path: Path
 ) -> None:

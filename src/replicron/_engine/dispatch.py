@@ -292,6 +292,12 @@ class Dispatcher:
                 claim.run_id, None, None, "the job is paused", claim.manual,
             )  # fmt: skip
             self._recorder.report(paused, state, detail="the job is paused")
+        elif status is ClaimStatus.EXHAUSTED and state.may_miss:
+            self._observer.log(
+                _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached for now: a "
+                "run of the job waiting for a worker thread may yet be missed, and the job go "
+                "on", claim.job, claim.scheduled_at,
+            )  # fmt: skip
         elif status is ClaimStatus.EXHAUSTED:
             self._registry.retire(claim.job)
             self._observer.log(

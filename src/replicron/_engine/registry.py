@@ -45,6 +45,9 @@ class JobState:
     spec: JobSpec
     running: int = 0
     runs_started: int = 0
+    #: Runs counted against ``max_runs`` that may yet be missed on their thread: until they
+    #: start, the backend's count of runs may be one too high.
+    may_miss: int = 0
     pending: Claim | None = None  # overlap "queue": the one tick waiting for the current run
     # Overlap "queue": manual runs waiting for the current run, in the order asked for. Each
     # was asked for on purpose: none replaces another or the queued tick.

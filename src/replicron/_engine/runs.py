@@ -133,7 +133,9 @@ class RunExecutor:
         if not manual:
             state.runs_started += 1
             # A run that may yet be missed on its thread retires its job once it has run.
-            if max_runs is not None and state.runs_started >= max_runs and not run.start_by:
+            if max_runs is not None and run.start_by:
+                state.may_miss += 1
+            elif max_runs is not None and state.runs_started >= max_runs:
                 self._registry.retire(spec.name)
         active = self.active
         if not active:
@@ -277,6 +279,8 @@ class RunExecutor:
         state.running -= 1
         if run.start_by is not None and not run.manual:
             max_runs = state.spec.max_runs
+            if max_runs is not None:
+                state.may_miss -= 1
             if run.missed is not None:
                 state.runs_started -= 1  # it did not run: it does not count against max_runs
             elif max_runs is not None and state.runs_started >= max_runs:
