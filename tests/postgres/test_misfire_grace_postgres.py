@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import pytest
 
@@ -19,7 +20,7 @@ __all__ = ["clock", "make", "recorder"]  # the fixtures
 @pytest.mark.parametrize("coordination", ["advisory", "lease"])
 def test_a_run_missed_on_its_thread_does_not_use_up_max_runs_while_the_job_ticks(
     make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, dsn: str,
-    coordination: str,
+    coordination: Literal["advisory", "lease"],
 ) -> None:  # fmt: skip
     backend = PostgresBackend(dsn, coordination=coordination, heartbeat_interval=0.5)
     s = make(clock=clock, listeners=[recorder], max_workers=1, backend=backend)
