@@ -254,3 +254,23 @@ def test_a_catch_up_tick_waiting_in_the_backlog_is_missed_past_its_grace(
         (T[4], missed_detail(timedelta(seconds=16), timedelta(seconds=15))),
     }
     assert T[4] not in gate.started
+
+
+def test_a_job_added_again_is_not_retired_by_the_last_run_of_the_one_it_replaced(
+    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder
+) -> None:
+    gate, other = Gate(), Gate()
+    other.release.set()
+    s = make(clock=clock, listeners=[recorder])
+    s.add_job(every(seconds=10), gate, name="j", misfire_grace=5, max_runs=1)
+    step(clock, T[1])
+    gate.wait_started(1)  # its one run: the job retires once it has run
+    s.remove_job("j")
+    job = s.add_job(every(seconds=10), other, name="j", max_runs=3)
+    gate.release.set()
+    recorder.wait_count("after_success", 1, job="j")
+    s.wait_idle()
+    assert job.next_run() == T[2]
+    step(clock, T[2])
+    other.wait_started(1)
+    assert other.started == [T[2]]

@@ -299,7 +299,7 @@ class Dispatcher:
                 "on", claim.job, claim.scheduled_at,
             )  # fmt: skip
         elif status is ClaimStatus.EXHAUSTED:
-            self._registry.retire(claim.job)
+            self._registry.retire(claim.job, state)
             self._observer.log(
                 _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached across the "
                 "replicas: the job has no more ticks", claim.job, claim.scheduled_at,

@@ -284,10 +284,11 @@ class JobRegistry:
             self._immediate.append(tick)
         self._wake()
 
-    def retire(self, name: str) -> None:
-        """Plan no more ticks of ``name`` (it reached ``max_runs``)."""
+    def retire(self, name: str, state: JobState) -> None:
+        """Plan no more ticks of ``name`` (it reached ``max_runs``), unless it is no longer
+        the job of ``state`` (removed, and a job of that name added since)."""
         with self._lock:
-            planned = self._planner.remove(name)
+            planned = self._jobs.get(name) is state and self._planner.remove(name)
         if planned:  # told once, however many of its runs or claims find it done
             self.retired(name)
 

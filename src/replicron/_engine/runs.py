@@ -136,7 +136,7 @@ class RunExecutor:
             if max_runs is not None and run.start_by:
                 state.may_miss += 1
             elif max_runs is not None and state.runs_started >= max_runs:
-                self._registry.retire(spec.name)
+                self._registry.retire(spec.name, state)
         active = self.active
         if not active:
             assert self._idle is not None
@@ -284,7 +284,7 @@ class RunExecutor:
             if run.missed is not None:
                 state.runs_started -= 1  # it did not run: it does not count against max_runs
             elif max_runs is not None and state.runs_started >= max_runs:
-                self._registry.retire(state.spec.name)
+                self._registry.retire(state.spec.name, state)
         self.active.discard(run)
         if run.task is None:  # a sync run (even if its job has since become async)
             self.sync.finished(run)
