@@ -101,10 +101,12 @@ WHERE job = :job AND scheduled_at = :tick AND outcome IS NULL;
 UPDATE replicron_runs SET started_at = :now WHERE run_id = :run_id;
 
 -- name: record_outcome
--- How a claimed tick ended; a start time not given keeps the one the claim wrote.
+-- How a claimed tick ended; a start time not given keeps the one the claim wrote, unless
+-- the tick was missed: it never started.
 UPDATE replicron_runs
-SET outcome = :outcome, started_at = coalesce(:started, started_at), finished_at = :finished,
-    error = :error
+SET outcome = :outcome,
+    started_at = CASE WHEN :outcome = 'missed' THEN NULL ELSE coalesce(:started, started_at) END,
+    finished_at = :finished, error = :error
 WHERE job = :job AND scheduled_at = :tick;
 
 -- name: insert_finished

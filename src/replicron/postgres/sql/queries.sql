@@ -188,7 +188,8 @@ WITH ended AS MATERIALIZED (
 ), recorded AS (
     UPDATE replicron_runs run
     SET outcome = ended.outcome,
-        started_at = coalesce(ended.started_at, run.started_at),
+        started_at = CASE WHEN ended.outcome = 'missed' THEN NULL  -- it never started
+                          ELSE coalesce(ended.started_at, run.started_at) END,
         finished_at = coalesce(ended.finished_at, now()),
         error = ended.error,
         heartbeat_at = NULL
