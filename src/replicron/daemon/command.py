@@ -8,10 +8,11 @@ When the run must end decides how the group ends:
   A lost lease fires ``heartbeat_interval`` before any other replica may take the job over,
   and SIGKILL needs no cooperation from the program: this is what fences a command.
 
-The group's leader is a small guard (``_guard.py``) that the kernel tells when the daemon
-dies (``PR_SET_PDEATHSIG``): it then kills the group, so that a daemon killed with SIGKILL
-leaves nothing of its runs going on. A process that leaves the group (``setsid``, a daemon)
-is out of reach.
+The program leads its group itself. One reaper process per daemon (``_reaper.py``, started
+with the first run) is told of each group and of each new end of its run's lease: it kills
+every group when the daemon dies, even by SIGKILL, and a group whose lease has ended when the
+daemon is frozen (SIGSTOP, a stalled VM) and can neither renew the lease nor kill the group.
+A process that leaves the group (``setsid``, a daemon) is out of reach.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import logging
 import os
 import shlex
 import signal
-import sys
 from collections import deque
 from collections.abc import Mapping, Sequence
 from datetime import UTC, timedelta
-from pathlib import Path
 
 from replicron.context import CancelReason, RunContext, current_run
+
+from ._reaper import Reaper
 
 __all__ = ["CommandFailed", "CommandTask"]
 
@@ -36,11 +37,13 @@ logger = logging.getLogger("replicron.command")
 
 #: Lines of the program's stderr kept for the error text of a failed run.
 ERROR_LINES = 10
-#: Leads each command's process group, and kills it when the daemon dies (see _guard).
-_GUARD = (sys.executable, "-I", "-S", str(Path(__file__).with_name("_guard.py")))
+#: Kills the groups when the daemon cannot (see _reaper): one per daemon, started with the
+#: first run.
+_REAPER = Reaper()
 _CHUNK = 65536
-#: How often the guard is told of a renewed lease (seconds): far less than a heartbeat.
-_LEASE_FEED = 0.2
+#: Seconds a killed group has to be gone before the run is recorded all the same (a process
+#: in uninterruptible sleep, say), named in a warning.
+_GONE_WITHIN = 10.0
 _MAX_LINE = 8192  # longer lines are logged in pieces
 
 
@@ -102,15 +105,9 @@ class CommandTask:
         }
         label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
         loop = asyncio.get_running_loop()
-        # A run under a lease tells the guard when it ends (see _guard): so the group dies at
-        # the lease's end even if this daemon is frozen then.
-        lease = os.pipe() if run.lease_deadline is not None else None
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitProtocol(loop),
-                *_GUARD,
-                str(os.getpid()),
-                "-" if lease is None else str(lease[0]),
                 *self.argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -118,20 +115,22 @@ class CommandTask:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group (and session): killed as one
-                pass_fds=() if lease is None else (lease[0],),
             )
-        except BaseException:
-            if lease is not None:
-                os.close(lease[1])
-            raise
-        finally:
-            if lease is not None:
-                os.close(lease[0])
-        feeder = None if lease is None else asyncio.ensure_future(_feed_lease(run, lease[1]))
+        except OSError as exc:
+            if exc.filename != self.argv[0]:
+                raise  # not the program's: its working directory, say
+            # As a shell says it, and the same status.
+            errors: deque[str] = deque(maxlen=ERROR_LINES)
+            extra: dict[str, object] = {"event": "stderr", "job": self.job, "run_id": run.run_id}
+            said = f"cannot run {self.argv[0]!r}: {exc.strerror}".encode()
+            _log_line(said, extra, label, "stderr", errors)
+            raise CommandFailed(_describe(127, errors)) from None
         process = asyncio.subprocess.Process(transport, protocol, loop)
         exited = protocol.exited
         group = process.pid
-        errors: deque[str] = deque(maxlen=ERROR_LINES)
+        # The reaper kills the group if this daemon dies, or is frozen past the run's lease.
+        _REAPER.add(group, None if run.lease_deadline is None else lambda: run.lease_deadline)
+        errors = deque(maxlen=ERROR_LINES)
         assert process.stdout is not None
         assert process.stderr is not None
         pumps = [
@@ -152,9 +151,8 @@ class CommandTask:
             # Whatever the program left behind in its group goes with the run: a run is over
             # when it is recorded, and nothing of it may overlap the next one.
             _kill_group(group, signal.SIGKILL)
-            if feeder is not None and lease is not None:
-                feeder.cancel()
-                os.close(lease[1])
+            await _gone(group, self.job)
+            _REAPER.remove(group)
             await _drain(pumps)
             transport.close()  # its pipes too, held open by a process that left the group
         if status != 0:
@@ -189,23 +187,56 @@ class CommandTask:
             await asyncio.shield(exited)
 
 
-async def _feed_lease(run: RunContext, pipe: int) -> None:
-    """Tell the guard each new end of the run's lease (a heartbeat renewed it). A lease that
-    ended (lost) is not written: the daemon kills the group itself then."""
-    os.set_blocking(pipe, False)
-    told: float | None = None
-    while True:
-        ends = run.lease_deadline
-        if ends is not None and ends != told:
-            with contextlib.suppress(BlockingIOError, BrokenPipeError):
-                os.write(pipe, f"{ends!r}\n".encode())
-                told = ends
-        await asyncio.sleep(_LEASE_FEED)
-
-
 def _kill_group(group: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, signum)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of ``group`` is still there (zombies aside, looked at in /proc)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _only_zombies(group: int) -> bool:
+    """Whether /proc shows the group's processes all dead and waiting to be reaped (by a
+    parent that may never do it: a daemon that is PID 1 in its container)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != b"Z":
+            return False
+    return True
+
+
+async def _gone(group: int, job: str) -> None:
+    """Return once the killed group is gone: the run's outcome, and so its lock, waits for
+    that."""
+    waited, step = 0.0, 0.001
+    while _group_alive(group) and not (waited > 0.05 and _only_zombies(group)):
+        if waited > _GONE_WITHIN:
+            logger.warning(
+                "%s: process group %d still there %g s after SIGKILL: recorded all the same",
+                job, group, _GONE_WITHIN, extra={"job": job, "event": "group_left"},
+            )  # fmt: skip
+            return
+        await asyncio.sleep(step)
+        waited += step
+        step = min(2 * step, 0.1)
 
 
 async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
