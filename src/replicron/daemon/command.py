@@ -23,9 +23,11 @@ import logging
 import os
 import shlex
 import signal
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, timedelta
+from typing import Any
 
 from replicron.context import CancelReason, RunContext, current_run
 
@@ -41,6 +43,7 @@ ERROR_LINES = 10
 #: first run.
 _REAPER = Reaper()
 _CHUNK = 65536
+_SHUT_DOWN = "the scheduler shut down before the run returned"
 #: Seconds a killed group has to be gone before the run is recorded all the same (a process
 #: in uninterruptible sleep, say), named in a warning.
 _GONE_WITHIN = 10.0
@@ -141,22 +144,32 @@ class CommandTask:
                 _pump(process.stderr, self.job, label, "stderr", errors, run.run_id)
             ),
         ]
+        stop = _Stop(self, group, run, exited)
+        run._on_stop = stop  # the scheduler says when it stops
+        if run.stop_deadline is not None:
+            stop(run.stop_deadline)
         try:
             await asyncio.shield(exited)
-            status = process.returncode
         except asyncio.CancelledError:
-            await self._end(exited, group, run)
+            if stop.killed:  # at the stop's deadline, SIGKILL went already
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(exited)
+            else:
+                await self._end(exited, group, run)
             raise
         finally:
+            stop.close()
             # Whatever the program left behind in its group goes with the run: a run is over
-            # when it is recorded, and nothing of it may overlap the next one.
+            # when it is recorded, and nothing of it may overlap the next one. So it is
+            # recorded (and its lock released) once the group is gone, even if cut off again.
             _kill_group(group, signal.SIGKILL)
-            await _gone(group, self.job)
-            _REAPER.remove(group)
-            await _drain(pumps)
-            transport.close()  # its pipes too, held open by a process that left the group
-        if status != 0:
-            raise CommandFailed(_describe(-1 if status is None else status, errors))
+            await _uncancelled(_clean_up(group, self.job, pumps, transport))
+            status = -1 if process.returncode is None else process.returncode
+            if stop.sent:  # cut off by the stop: recorded abandoned, saying how it ended
+                how = f"{_SHUT_DOWN}: {stop.sent}; {_describe(status, errors)}"
+                run.cancel(CancelReason.SHUTDOWN, how)
+        if status != 0 and not stop.sent:
+            raise CommandFailed(_describe(status, errors))
 
     async def _end(self, exited: asyncio.Future[None], group: int, run: RunContext) -> None:
         """The run was cut off: end the group the way the reason asks for."""
@@ -237,6 +250,83 @@ async def _gone(group: int, job: str) -> None:
         await asyncio.sleep(step)
         waited += step
         step = min(2 * step, 0.1)
+
+
+class _Stop:
+    """The scheduler's stop, for one run: its group gets SIGTERM ``kill_grace`` before the
+    stop's deadline (at once if that has passed), SIGKILL at the deadline. Told the deadline
+    again if a second signal hurries the stop."""
+
+    def __init__(
+        self, task: CommandTask, group: int, run: RunContext, exited: asyncio.Future[None]
+    ) -> None:
+        self.job, self.grace, self.group, self.run, self.exited = (
+            task.job, task.kill_grace, group, run, exited,
+        )  # fmt: skip
+        self.timers: list[asyncio.TimerHandle] = []
+        self.sent = ""  # the signals sent, in words
+        self.killed = False
+
+    def __call__(self, by: float) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        now, later = time.monotonic(), self.exited.get_loop().call_later
+        self.timers = []
+        if not self.sent and self.grace > 0:  # (first: both may be due now)
+            self.timers.append(later(max(0.0, by - self.grace - now), self._term, by))
+        self.timers.append(later(max(0.0, by - now), self._kill))
+
+    def _term(self, by: float) -> None:
+        if self.exited.done():
+            return
+        self.run.cancel(CancelReason.SHUTDOWN, _SHUT_DOWN)
+        self.sent = "SIGTERM at stop"
+        _kill_group(self.group, signal.SIGTERM)
+        logger.warning(
+            "%s: the scheduler is stopping: sent SIGTERM to its process group; SIGKILL in %.3g s",
+            self.job, max(0.0, by - time.monotonic()),
+            extra={"job": self.job, "event": "command_term"},
+        )  # fmt: skip
+
+    def _kill(self) -> None:
+        if self.exited.done():
+            return
+        self.run.cancel(CancelReason.SHUTDOWN, _SHUT_DOWN)
+        self.sent = f"{self.sent}, then " if self.sent else ""
+        self.sent += "SIGKILL at the stop's deadline"
+        self.killed = True
+        logger.warning(
+            "%s: still running when the stop's time ran out: killing its process group",
+            self.job, extra={"job": self.job, "event": "command_kill"},
+        )  # fmt: skip
+        _kill_group(self.group, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.run._on_stop = None
+        for timer in self.timers:
+            timer.cancel()
+
+
+async def _uncancelled(step: Coroutine[Any, Any, None]) -> None:
+    """Await ``step`` to its end even if cut off meanwhile (and then raise CancelledError)."""
+    future = asyncio.ensure_future(step)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _clean_up(
+    group: int, job: str, pumps: Sequence[asyncio.Future[None]], transport: asyncio.BaseTransport
+) -> None:
+    await _gone(group, job)
+    _REAPER.remove(group)
+    await _drain(pumps)
+    transport.close()  # its pipes too, held open by a process that left the group
 
 
 async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
