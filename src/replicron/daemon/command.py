@@ -3,10 +3,17 @@ by line, its exit status the run's outcome, and the whole group killed when the 
 
 When the run must end decides how the group ends:
 
-- past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``;
-- its lock or lease lost, or the daemon shutting down past ``stop_timeout``: SIGKILL at once.
-  A lost lease fires ``heartbeat_interval`` before any other replica may take the job over,
-  and SIGKILL needs no cooperation from the program: this is what fences a command.
+- past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``; ``timed_out``;
+- the daemon stopping: the engine's stop has one deadline (``stop_timeout`` from its start;
+  now if hurried by a second signal), told to the run (``RunContext.stop_deadline``): SIGTERM
+  ``kill_grace`` before it (at once if that has passed), SIGKILL at it; ``abandoned``, saying
+  which signals it got and how it ended, whatever its exit status;
+- its lock or lease lost: SIGKILL at once. A lost lease fires ``heartbeat_interval`` before
+  any other replica may take the job over, and SIGKILL needs no cooperation from the
+  program: this is what fences a command.
+
+However it ends, the run is recorded (and its lock released) only once its process group is
+gone: whatever the program left in it is killed when it exits.
 
 The program leads its group itself. One reaper process per daemon (``_reaper.py``, started
 with the first run) is told of each group and of each new end of its run's lease: it kills
