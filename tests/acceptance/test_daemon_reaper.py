@@ -7,12 +7,14 @@ command job's task as the daemon does."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +23,8 @@ import pytest
 from replicron.context import RunContext, _current
 from replicron.daemon import command
 from replicron.daemon.command import CommandFailed, CommandTask
+from tests._harness.daemons import Daemons, config_text
+from tests._harness.reporting import report_on_failure
 from tests.helpers import poll_until
 
 STAND_IN = Path(__file__).resolve().parent / "daemon_scripts" / "stand_in.py"
@@ -215,3 +219,64 @@ def test_a_frozen_daemons_group_dies_at_the_leases_end(stand_ins) -> None:  # ty
     poll_until("the whole group to die", lambda: not _group(group), 10, every=0.01)
     ended = time.monotonic()
     assert renewed <= ended < renewed + 1.0, (ended - first, ended - renewed)
+
+
+# ---- a real daemon, frozen ------------------------------------------------------------------
+
+STOP_AWARE = STAND_IN.with_name("stop_aware.py")
+
+
+@pytest.mark.parametrize("coordination", ["advisory", "lease"])
+def test_a_frozen_daemons_command_dies_at_its_leases_end(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    dsn: str,
+    coordination: str,
+    summary: Callable[[str], None],
+) -> None:
+    """A daemon on PostgreSQL (heartbeat 1 s, stale_after 4 s: its runs' lease ends 3 s after
+    the last heartbeat sent) is frozen mid-run: its reaper kills the command's group (the
+    program and a grandchild that ignore SIGTERM) by the lease's end, before any other
+    replica may take the job over, although the daemon can do nothing."""
+    daemons = Daemons(tmp_path)
+    report_on_failure(request, "daemon logs", daemons.logs)
+    said = tmp_path / "said.jsonl"
+    settings = {
+        "database_url": dsn, "namespace": f"frozen-{coordination}", "coordination": coordination,
+        "replica_id": "frozen", "heartbeat_interval": "1s", "stale_after": "4s",
+        "stop_timeout": "5s",
+    }  # fmt: skip
+    job = {
+        "name": "long", "every": "1s", "max_runs": 1,
+        "command": [sys.executable, str(STOP_AWARE), str(said), "ignore"],
+    }  # fmt: skip
+    try:
+        daemon = daemons.start("frozen", config_text(settings, [job]))
+        started = poll_until("the run to start", lambda: _said(said).get("started"), 30)
+        program, grandchild = int(str(started["pid"])), int(str(started["child"]))
+        time.sleep(2.5)  # (a real-time test) a few heartbeats renew the lease
+        daemon.pause()
+        frozen = time.monotonic()
+        poll_until(
+            "the program and its grandchild to die",
+            lambda: not (_alive(program) or _alive(grandchild)),
+            15,
+            every=0.01,
+        )
+        died = time.monotonic() - frozen
+        # The last heartbeat was sent at most 1 s (and a statement's time) before the freeze.
+        assert 1.5 <= died <= 3.0 + 1.0, died
+        summary(f"{coordination} mode, daemon frozen mid-run: its command died {died:.2f} s later")
+        daemon.resume()
+        daemon.wait_log("abandoned", 20)
+        code, _ = daemon.stop(20)
+        assert code == 0, daemon.log()
+    finally:
+        daemons.close()
+
+
+def _said(path: Path) -> dict[str, dict[str, object]]:
+    if not path.exists():
+        return {}
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return {str(line["event"]): line for line in lines}

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,10 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("backend", ["embedded", "advisory", "lease"])
 def test_sigterm_stops_command_runs_by_the_stop_timeout(
-    daemons: Daemons, request: pytest.FixtureRequest, backend: str
+    daemons: Daemons,
+    request: pytest.FixtureRequest,
+    backend: str,
+    summary: Callable[[str], None],
 ) -> None:
     namespace = f"stop-{uuid.uuid4().hex[:8]}"
     dsn = None
@@ -155,6 +158,12 @@ def test_sigterm_stops_command_runs_by_the_stop_timeout(
                 (namespace,),
             ).fetchone()
         assert (locks, held) == ((0,), (0,))
+    terms = ", ".join(f"{said_by['term']['t'] - sent:.2f}" for said_by in (trap, ignore))
+    summary(
+        f"{backend}: stop_timeout {STOP_TIMEOUT:g} s, kill_grace {KILL_GRACE:g} s: SIGTERM at "
+        f"{terms} s, the trapping one done at {program_died['trap'] - sent:.2f} s, the other "
+        f"SIGKILLed at {killed:.2f} s; the daemon exited at {took:.2f} s; both abandoned"
+    )
 
 
 def ledger(

@@ -33,6 +33,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Reaper"]
 
@@ -55,7 +59,7 @@ class Reaper:
         self._pending = b""  # what the pipe did not take yet
         self._groups: dict[int, LeaseEnd | None] = {}
         self._told: dict[int, float] = {}  # the lease end last written, per leased group
-        self._feeding = False
+        self._feeding: object = None  # the event loop the lease feed runs on
 
     @property
     def pid(self) -> int | None:
@@ -70,15 +74,18 @@ class Reaper:
         if end is not None:
             self._told[group] = end
         self._send(f"+ {group} {math.inf if end is None else end!r}\n")
-        if not self._feeding:
-            self._feeding = True
-            _feed_later(self._feed)
+        loop = _loop()
+        if self._feeding is not loop:  # (a new loop: the last one's feed ended with it)
+            self._feeding = loop
+            loop.call_later(LEASE_FEED, self._feed)
 
     def remove(self, group: int) -> None:
         """``group`` is gone: the reaper forgets it (its number may be reused)."""
-        if self._groups.pop(group, None) is not None:
-            self._told.pop(group, None)
-        self._send(f"- {group}\n")
+        self._groups.pop(group, None)
+        self._told.pop(group, None)
+        if self._process is not None:  # (none: it could not be started; nothing to forget)
+            with contextlib.suppress(OSError):
+                self._send(f"- {group}\n")
 
     def close(self, timeout: float = 5.0) -> None:
         """End the reaper (it kills the groups it still knows first) and wait for it."""
@@ -97,24 +104,26 @@ class Reaper:
     def _feed(self) -> None:
         """While groups are under way: tell the reaper the leases that heartbeats renewed
         since the last look, and start a new one if it died."""
-        if self._process is not None and self._process.poll() is not None:
-            self._restart()
-        lines = []
-        for group, lease_end in self._groups.items():
-            end = None if lease_end is None else lease_end()
-            if end is not None and end != self._told.get(group):
-                self._told[group] = end
-                lines.append(f"= {group} {end!r}\n")
-        if lines:
-            self._send("".join(lines))
-        if self._groups:
-            _feed_later(self._feed)
-        else:
-            self._feeding = False
+        try:
+            if self._process is not None and self._process.poll() is not None:
+                self._restart()
+            lines = []
+            for group, lease_end in self._groups.items():
+                end = None if lease_end is None else lease_end()
+                if end is not None and end != self._told.get(group):
+                    self._told[group] = end
+                    lines.append(f"= {group} {end!r}\n")
+            if lines:
+                self._send("".join(lines))
+        finally:
+            if self._groups:
+                _loop().call_later(LEASE_FEED, self._feed)
+            else:
+                self._feeding = None
 
     def _send(self, text: str) -> None:
-        self._pending += text.encode()
         process = self._running()
+        self._pending += text.encode()
         assert process.stdin is not None
         try:
             written = os.write(process.stdin.fileno(), self._pending)
@@ -148,10 +157,10 @@ class Reaper:
         return process
 
 
-def _feed_later(feed: Callable[[], None]) -> None:
+def _loop() -> asyncio.AbstractEventLoop:
     import asyncio  # the daemon's side only: the reaper process does without it
 
-    asyncio.get_running_loop().call_later(LEASE_FEED, feed)
+    return asyncio.get_running_loop()
 
 
 # ---- the reaper process ------------------------------------------------------------------

@@ -138,8 +138,6 @@ class CommandTask:
         process = asyncio.subprocess.Process(transport, protocol, loop)
         exited = protocol.exited
         group = process.pid
-        # The reaper kills the group if this daemon dies, or is frozen past the run's lease.
-        _REAPER.add(group, None if run.lease_deadline is None else lambda: run.lease_deadline)
         errors = deque(maxlen=ERROR_LINES)
         assert process.stdout is not None
         assert process.stderr is not None
@@ -156,6 +154,8 @@ class CommandTask:
         if run.stop_deadline is not None:
             stop(run.stop_deadline)
         try:
+            # The reaper kills the group if this daemon dies, or is frozen past its lease.
+            _REAPER.add(group, None if run.lease_deadline is None else lambda: run.lease_deadline)
             await asyncio.shield(exited)
         except asyncio.CancelledError:
             if stop.killed:  # at the stop's deadline, SIGKILL went already
