@@ -213,7 +213,7 @@ def _kill_group(group: int, signum: int) -> None:
 
 
 def _group_alive(group: int) -> bool:
-    """Whether a process of ``group`` is still there (zombies aside, looked at in /proc)."""
+    """Whether a process of ``group`` is still there (a zombie counts: see _only_zombies)."""
     try:
         os.killpg(group, 0)
     except ProcessLookupError:
