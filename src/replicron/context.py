@@ -48,12 +48,15 @@ class RunContext:
     it was asked for, not a tick). ``lease_deadline`` is when the run's lock lease ends unless
     a heartbeat renews it (``time.monotonic()``; ``None`` without one): past it another replica
     may take the job over, so ``cancelled`` reads as set from then on, even before the
-    scheduler has noticed (a process frozen and woken past it).
+    scheduler has noticed (a process frozen and woken past it). ``stop_deadline`` is, once the
+    scheduler is shutting down, when it cuts the run off (``time.monotonic()``; ``None``
+    until then): a run that can wind down when asked has until then.
     """
 
     __slots__ = (
-        "_event", "_lease_end", "_stop", "cancel_detail", "cancel_reason", "deadline",
-        "job_name", "manual", "replica_id", "run_id", "scheduled_at",
+        "_event", "_lease_end", "_on_stop", "_stop", "_stop_by", "cancel_detail",
+        "cancel_reason", "deadline", "job_name", "manual", "replica_id", "run_id",
+        "scheduled_at",
     )  # fmt: skip
 
     def __init__(
@@ -76,6 +79,21 @@ class RunContext:
         self._event: threading.Event | None = None
         self._stop = False
         self._lease_end: Callable[[], float | None] | None = None
+        self._stop_by: float | None = None
+        #: Told each new ``stop_deadline`` (on the scheduler's loop): a command job's task.
+        self._on_stop: Callable[[float], None] | None = None
+
+    @property
+    def stop_deadline(self) -> float | None:
+        return self._stop_by
+
+    def _stopping(self, by: float) -> None:
+        """The scheduler shuts down and cuts the run off at ``by`` (``time.monotonic()``),
+        unless it said earlier already (a shutdown hurried moves it earlier)."""
+        if self._stop_by is None or by < self._stop_by:
+            self._stop_by = by
+            if self._on_stop is not None:
+                self._on_stop(by)
 
     @property
     def lease_deadline(self) -> float | None:

@@ -398,21 +398,23 @@ def test_sigterm_lets_a_run_finish_within_stop_timeout(daemons: Daemons, summary
     )
 
 
-def test_sigterm_kills_a_run_that_outlasts_stop_timeout(daemons: Daemons, summary: Summary) -> None:
+def test_sigterm_stops_a_run_that_outlasts_stop_timeout(daemons: Daemons, summary: Summary) -> None:
     daemon, state_dir, program, grandchild, facts = one_daemon_with_a_run(
         daemons, stop_timeout="1s", work_seconds=60
     )
     took = stop_cleanly(daemon, timeout=30)
     wait_dead(program, "the program")
     wait_dead(grandchild, "its grandchild sleep")
-    assert 0.9 <= took < 10, took  # it gave the run stop_timeout, then did not wait for it
-    assert daemon.lines("killing its process group"), daemon.log()
+    assert took < 10, took  # it gave the run stop_timeout, then did not wait for it
+    # kill_grace (10 s by default) is longer than stop_timeout: SIGTERM at once, and the
+    # program ends on it. (tests/acceptance/test_daemon_stop.py times the whole sequence.)
+    assert daemon.lines("the scheduler is stopping: sent SIGTERM"), daemon.log()
     assert not daemon.lines("stdout| finished")
     row = ledger_row(lambda: embedded_ledger(state_dir, "work"), int(facts["run_id"]), "abandoned")
     assert row.error is not None
     assert "shut down" in row.error, row
     summary(
-        f"SIGTERM during a 60 s run, stop_timeout 1 s: killed, abandoned; exit 0 in {took:.2f} s"
+        f"SIGTERM during a 60 s run, stop_timeout 1 s: SIGTERM, abandoned; exit 0 in {took:.2f} s"
     )
 
 

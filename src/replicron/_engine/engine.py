@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime, tzinfo
 from typing import TypeVar
@@ -177,6 +178,11 @@ class Engine:
         self.life.phase = "stopping"
         self._poke()
         limit = self.stop_timeout if timeout is None else timeout
+        # One deadline for the whole stop; the runs going on are told it (a command job's
+        # group gets SIGTERM its kill_grace before it, SIGKILL at it).
+        waits = wait and _current.get(None) is None
+        stop_by = time.monotonic() + limit
+        self._runs.stopping(stop_by if waits else time.monotonic())
         # The step under way ends soon, unless it waits on an unreachable backend: then it is
         # cut short, and what it was handling is recorded below like any unhandled tick.
         await asyncio.wait({self._main}, timeout=limit)
@@ -188,7 +194,7 @@ class Engine:
         if self._prepare_handle is not None:
             self._prepare_handle.cancel()
             self._prepare_handle = None
-        staying = await self._membership.leave(limit)
+        staying = await self._membership.leave(max(0.0, stop_by - time.monotonic()))
         self._dispatcher.drop_waiting()
         await self.cluster.stop()
         for job, asked_at in self.registry.drop_manual():
@@ -196,9 +202,9 @@ class Engine:
                 _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
                 "scheduler shut down first", job, asked_at,
             )  # fmt: skip
-        if wait and _current.get(None) is None:
-            await self._runs.wait_finished(limit)
-        await self._hand_over_deferred(limit, staying)
+        if waits:
+            await self._runs.wait_finished(max(0.0, stop_by - time.monotonic()))
+        await self._hand_over_deferred(max(0.0, stop_by - time.monotonic()), staying)
         # What was told to stop gets a moment to do so, even with wait=False: long enough for
         # a task that honours cancellation, short enough not to hold a shutdown up.
         grace = min(limit, _CANCEL_GRACE) if wait else _CANCEL_GRACE_NO_WAIT

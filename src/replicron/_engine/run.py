@@ -45,6 +45,8 @@ class Run(RunContext):
         self._event = None
         self._stop = False
         self._lease_end: Callable[[], float | None] | None = None  # set if started locked
+        self._stop_by: float | None = None
+        self._on_stop: Callable[[float], None] | None = None
         #: Whether the task returned past its lease's end, as seen when it returned (``None``
         #: until then, or without a lease).
         self.returned_late: bool | None = None

@@ -12,6 +12,7 @@ import functools
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -73,6 +74,7 @@ class RunExecutor:
         self._idle: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._hurried = False
+        self._stop_by: float | None = None  # when a shutdown cuts the runs off
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -142,6 +144,8 @@ class RunExecutor:
             assert self._idle is not None
             self._idle.clear()
         active.add(run)
+        if self._stop_by is not None:  # started as the scheduler stops
+            run._stopping(self._stop_by)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, next(self._seq), run))
         if self._observer.listeners:
@@ -230,9 +234,18 @@ class RunExecutor:
                 for wait in waits:
                     wait.cancel()
 
+    def stopping(self, by: float) -> None:
+        """The scheduler shuts down: the runs going on, and any started from now on, are cut
+        off at ``by`` (``time.monotonic()``) if they have not ended (see ``stop_deadline``)."""
+        if self._stop_by is None or by < self._stop_by:
+            self._stop_by = by
+        for run in self.active:
+            run._stopping(self._stop_by)
+
     def stop_waiting(self) -> None:
         """A shutdown waiting for runs to finish waits no more (they are cut off at once)."""
         self._hurried = True
+        self.stopping(time.monotonic())
         if self._hurry is not None:
             self._hurry.set()
 

@@ -203,8 +203,9 @@ class Daemon:
             await self._serve_signals()
             stop_timeout = self.config.scheduler.stop_timeout.total_seconds()
             logger.info(
-                "stopping: no new ticks; runs going on get up to %g s to finish, then are killed",
-                stop_timeout, extra={"event": "daemon_stopping"},
+                "stopping: no new ticks; runs going on get up to %g s to finish (a command "
+                "gets SIGTERM its kill_grace before the end), then are killed", stop_timeout,
+                extra={"event": "daemon_stopping"},
             )  # fmt: skip
             await scheduler.shutdown(wait=not self._hurried, timeout=stop_timeout)
             logger.info("stopped", extra={"event": "daemon_stopped"})

@@ -3,15 +3,23 @@ by line, its exit status the run's outcome, and the whole group killed when the 
 
 When the run must end decides how the group ends:
 
-- past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``;
-- its lock or lease lost, or the daemon shutting down past ``stop_timeout``: SIGKILL at once.
-  A lost lease fires ``heartbeat_interval`` before any other replica may take the job over,
-  and SIGKILL needs no cooperation from the program: this is what fences a command.
+- past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``; ``timed_out``;
+- the daemon stopping: the engine's stop has one deadline (``stop_timeout`` from its start;
+  now if hurried by a second signal), told to the run (``RunContext.stop_deadline``): SIGTERM
+  ``kill_grace`` before it (at once if that has passed), SIGKILL at it; ``abandoned``, saying
+  which signals it got and how it ended, whatever its exit status;
+- its lock or lease lost: SIGKILL at once. A lost lease fires ``heartbeat_interval`` before
+  any other replica may take the job over, and SIGKILL needs no cooperation from the
+  program: this is what fences a command.
 
-The group's leader is a small guard (``_guard.py``) that the kernel tells when the daemon
-dies (``PR_SET_PDEATHSIG``): it then kills the group, so that a daemon killed with SIGKILL
-leaves nothing of its runs going on. A process that leaves the group (``setsid``, a daemon)
-is out of reach.
+However it ends, the run is recorded (and its lock released) only once its process group is
+gone: whatever the program left in it is killed when it exits.
+
+The program leads its group itself. One reaper process per daemon (``_reaper.py``, started
+with the first run) is told of each group and of each new end of its run's lease: it kills
+every group when the daemon dies, even by SIGKILL, and a group whose lease has ended when the
+daemon is frozen (SIGSTOP, a stalled VM) and can neither renew the lease nor kill the group.
+A process that leaves the group (``setsid``, a daemon) is out of reach.
 """
 
 from __future__ import annotations
@@ -22,13 +30,15 @@ import logging
 import os
 import shlex
 import signal
-import sys
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, timedelta
-from pathlib import Path
+from typing import Any
 
 from replicron.context import CancelReason, RunContext, current_run
+
+from ._reaper import Reaper
 
 __all__ = ["CommandFailed", "CommandTask"]
 
@@ -36,11 +46,14 @@ logger = logging.getLogger("replicron.command")
 
 #: Lines of the program's stderr kept for the error text of a failed run.
 ERROR_LINES = 10
-#: Leads each command's process group, and kills it when the daemon dies (see _guard).
-_GUARD = (sys.executable, "-I", "-S", str(Path(__file__).with_name("_guard.py")))
+#: Kills the groups when the daemon cannot (see _reaper): one per daemon, started with the
+#: first run.
+_REAPER = Reaper()
 _CHUNK = 65536
-#: How often the guard is told of a renewed lease (seconds): far less than a heartbeat.
-_LEASE_FEED = 0.2
+_SHUT_DOWN = "the scheduler shut down before the run returned"
+#: Seconds a killed group has to be gone before the run is recorded all the same (a process
+#: in uninterruptible sleep, say), named in a warning.
+_GONE_WITHIN = 10.0
 _MAX_LINE = 8192  # longer lines are logged in pieces
 
 
@@ -102,15 +115,9 @@ class CommandTask:
         }
         label = f"{self.job}[{run.run_id if run.run_id is not None else scheduled}]"
         loop = asyncio.get_running_loop()
-        # A run under a lease tells the guard when it ends (see _guard): so the group dies at
-        # the lease's end even if this daemon is frozen then.
-        lease = os.pipe() if run.lease_deadline is not None else None
         try:
             transport, protocol = await loop.subprocess_exec(
                 lambda: _ExitProtocol(loop),
-                *_GUARD,
-                str(os.getpid()),
-                "-" if lease is None else str(lease[0]),
                 *self.argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
@@ -118,20 +125,20 @@ class CommandTask:
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group (and session): killed as one
-                pass_fds=() if lease is None else (lease[0],),
             )
-        except BaseException:
-            if lease is not None:
-                os.close(lease[1])
-            raise
-        finally:
-            if lease is not None:
-                os.close(lease[0])
-        feeder = None if lease is None else asyncio.ensure_future(_feed_lease(run, lease[1]))
+        except OSError as exc:
+            if exc.filename != self.argv[0]:
+                raise  # not the program's: its working directory, say
+            # As a shell says it, and the same status.
+            errors: deque[str] = deque(maxlen=ERROR_LINES)
+            extra: dict[str, object] = {"event": "stderr", "job": self.job, "run_id": run.run_id}
+            said = f"cannot run {self.argv[0]!r}: {exc.strerror}".encode()
+            _log_line(said, extra, label, "stderr", errors)
+            raise CommandFailed(_describe(127, errors)) from None
         process = asyncio.subprocess.Process(transport, protocol, loop)
         exited = protocol.exited
         group = process.pid
-        errors: deque[str] = deque(maxlen=ERROR_LINES)
+        errors = deque(maxlen=ERROR_LINES)
         assert process.stdout is not None
         assert process.stderr is not None
         pumps = [
@@ -142,23 +149,34 @@ class CommandTask:
                 _pump(process.stderr, self.job, label, "stderr", errors, run.run_id)
             ),
         ]
+        stop = _Stop(self, group, run, exited)
+        run._on_stop = stop  # the scheduler says when it stops
+        if run.stop_deadline is not None:
+            stop(run.stop_deadline)
         try:
+            # The reaper kills the group if this daemon dies, or is frozen past its lease.
+            _REAPER.add(group, None if run.lease_deadline is None else lambda: run.lease_deadline)
             await asyncio.shield(exited)
-            status = process.returncode
         except asyncio.CancelledError:
-            await self._end(exited, group, run)
+            if stop.killed:  # at the stop's deadline, SIGKILL went already
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(exited)
+            else:
+                await self._end(exited, group, run)
             raise
         finally:
+            stop.close()
             # Whatever the program left behind in its group goes with the run: a run is over
-            # when it is recorded, and nothing of it may overlap the next one.
+            # when it is recorded, and nothing of it may overlap the next one. So it is
+            # recorded (and its lock released) once the group is gone, even if cut off again.
             _kill_group(group, signal.SIGKILL)
-            if feeder is not None and lease is not None:
-                feeder.cancel()
-                os.close(lease[1])
-            await _drain(pumps)
-            transport.close()  # its pipes too, held open by a process that left the group
-        if status != 0:
-            raise CommandFailed(_describe(-1 if status is None else status, errors))
+            await _uncancelled(_clean_up(group, self.job, pumps, transport))
+            status = -1 if process.returncode is None else process.returncode
+            if stop.sent:  # cut off by the stop: recorded abandoned, saying how it ended
+                how = f"{_SHUT_DOWN}: {stop.sent}; {_describe(status, errors)}"
+                run.cancel(CancelReason.SHUTDOWN, how)
+        if status != 0 and not stop.sent:
+            raise CommandFailed(_describe(status, errors))
 
     async def _end(self, exited: asyncio.Future[None], group: int, run: RunContext) -> None:
         """The run was cut off: end the group the way the reason asks for."""
@@ -189,23 +207,133 @@ class CommandTask:
             await asyncio.shield(exited)
 
 
-async def _feed_lease(run: RunContext, pipe: int) -> None:
-    """Tell the guard each new end of the run's lease (a heartbeat renewed it). A lease that
-    ended (lost) is not written: the daemon kills the group itself then."""
-    os.set_blocking(pipe, False)
-    told: float | None = None
-    while True:
-        ends = run.lease_deadline
-        if ends is not None and ends != told:
-            with contextlib.suppress(BlockingIOError, BrokenPipeError):
-                os.write(pipe, f"{ends!r}\n".encode())
-                told = ends
-        await asyncio.sleep(_LEASE_FEED)
-
-
 def _kill_group(group: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, signum)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of ``group`` is still there (a zombie counts: see _only_zombies)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _only_zombies(group: int) -> bool:
+    """Whether /proc shows the group's processes all dead and waiting to be reaped (by a
+    parent that may never do it: a daemon that is PID 1 in its container)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != b"Z":
+            return False
+    return True
+
+
+async def _gone(group: int, job: str) -> None:
+    """Return once the killed group is gone: the run's outcome, and so its lock, waits for
+    that."""
+    waited, step = 0.0, 0.001
+    while _group_alive(group) and not (waited > 0.05 and _only_zombies(group)):
+        if waited > _GONE_WITHIN:
+            logger.warning(
+                "%s: process group %d still there %g s after SIGKILL: recorded all the same",
+                job, group, _GONE_WITHIN, extra={"job": job, "event": "group_left"},
+            )  # fmt: skip
+            return
+        await asyncio.sleep(step)
+        waited += step
+        step = min(2 * step, 0.1)
+
+
+class _Stop:
+    """The scheduler's stop, for one run: its group gets SIGTERM ``kill_grace`` before the
+    stop's deadline (at once if that has passed), SIGKILL at the deadline. Told the deadline
+    again if a second signal hurries the stop."""
+
+    def __init__(
+        self, task: CommandTask, group: int, run: RunContext, exited: asyncio.Future[None]
+    ) -> None:
+        self.job, self.grace, self.group, self.run, self.exited = (
+            task.job, task.kill_grace, group, run, exited,
+        )  # fmt: skip
+        self.timers: list[asyncio.TimerHandle] = []
+        self.sent = ""  # the signals sent, in words
+        self.killed = False
+
+    def __call__(self, by: float) -> None:
+        for timer in self.timers:
+            timer.cancel()
+        now, later = time.monotonic(), self.exited.get_loop().call_later
+        self.timers = []
+        if not self.sent and self.grace > 0:  # (first: both may be due now)
+            self.timers.append(later(max(0.0, by - self.grace - now), self._term, by))
+        self.timers.append(later(max(0.0, by - now), self._kill))
+
+    def _term(self, by: float) -> None:
+        if self.exited.done():
+            return
+        self.run.cancel(CancelReason.SHUTDOWN, _SHUT_DOWN)
+        self.sent = "SIGTERM at stop"
+        _kill_group(self.group, signal.SIGTERM)
+        logger.warning(
+            "%s: the scheduler is stopping: sent SIGTERM to its process group; SIGKILL in %.3g s",
+            self.job, max(0.0, by - time.monotonic()),
+            extra={"job": self.job, "event": "command_term"},
+        )  # fmt: skip
+
+    def _kill(self) -> None:
+        if self.exited.done():
+            return
+        self.run.cancel(CancelReason.SHUTDOWN, _SHUT_DOWN)
+        self.sent = f"{self.sent}, then " if self.sent else ""
+        self.sent += "SIGKILL at the stop's deadline"
+        self.killed = True
+        logger.warning(
+            "%s: still running when the stop's time ran out: killing its process group",
+            self.job, extra={"job": self.job, "event": "command_kill"},
+        )  # fmt: skip
+        _kill_group(self.group, signal.SIGKILL)
+
+    def close(self) -> None:
+        self.run._on_stop = None
+        for timer in self.timers:
+            timer.cancel()
+
+
+async def _uncancelled(step: Coroutine[Any, Any, None]) -> None:
+    """Await ``step`` to its end even if cut off meanwhile (and then raise CancelledError)."""
+    future = asyncio.ensure_future(step)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def _clean_up(
+    group: int, job: str, pumps: Sequence[asyncio.Future[None]], transport: asyncio.BaseTransport
+) -> None:
+    await _gone(group, job)
+    _REAPER.remove(group)
+    await _drain(pumps)
+    transport.close()  # its pipes too, held open by a process that left the group
 
 
 async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:

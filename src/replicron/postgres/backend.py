@@ -200,7 +200,7 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
 
     def lease_end(self, run_id: int) -> float | None:
         """When the locked run ``run_id`` must stop unless a heartbeat renews its lease
-        (``time.monotonic()``, which the command guards read too); ``None`` if it holds none."""
+        (``time.monotonic()``, which the daemon's reaper reads too); ``None`` if it holds none."""
         return self._runs.lease.end_of(run_id)
 
     def clock_offset(self) -> timedelta | None:
