@@ -84,7 +84,8 @@ class Child:
 
     def log(self) -> str:
         """Everything it wrote so far, stdout and stderr."""
-        self.log_file.flush()
+        if not self.log_file.closed:  # closed once the process was reaped: all on disk
+            self.log_file.flush()
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:

@@ -59,6 +59,7 @@ class Reaper:
         self._pending = b""  # what the pipe did not take yet
         self._groups: dict[int, LeaseEnd | None] = {}
         self._told: dict[int, float] = {}  # the lease end last written, per leased group
+        self._lapsed: set[int] = set()  # groups whose lease end passed before a later was told
         self._feeding: object = None  # the event loop the lease feed runs on
 
     @property
@@ -79,10 +80,17 @@ class Reaper:
             self._feeding = loop
             loop.call_later(LEASE_FEED, self._feed)
 
+    def lapsed(self, group: int) -> bool:
+        """Whether ``group``'s lease ended before the reaper was told of a later end (the
+        daemon frozen, say): then the reaper has killed the group, or is about to."""
+        told = self._told.get(group)
+        return group in self._lapsed or (told is not None and time.monotonic() >= told)
+
     def remove(self, group: int) -> None:
         """``group`` is gone: the reaper forgets it (its number may be reused)."""
         self._groups.pop(group, None)
         self._told.pop(group, None)
+        self._lapsed.discard(group)
         if self._process is not None:  # (none: it could not be started; nothing to forget)
             with contextlib.suppress(OSError):
                 self._send(f"- {group}\n")
@@ -107,10 +115,13 @@ class Reaper:
         try:
             if self._process is not None and self._process.poll() is not None:
                 self._restart()
-            lines = []
+            lines, now = [], time.monotonic()
             for group, lease_end in self._groups.items():
                 end = None if lease_end is None else lease_end()
-                if end is not None and end != self._told.get(group):
+                told = self._told.get(group)
+                if end is not None and end != told:
+                    if told is not None and now >= told:  # renewed too late: it was killed
+                        self._lapsed.add(group)
                     self._told[group] = end
                     lines.append(f"= {group} {end!r}\n")
             if lines:

@@ -51,6 +51,11 @@ ERROR_LINES = 10
 _REAPER = Reaper()
 _CHUNK = 65536
 _SHUT_DOWN = "the scheduler shut down before the run returned"
+#: Why a run is abandoned whose lease ended while its daemon could not renew it (frozen).
+_FENCED = (
+    "its lease ended while the daemon could not renew it (frozen, say): the reaper killed "
+    "its process group, since another replica may take the job over"
+)
 #: Seconds a killed group has to be gone before the run is recorded all the same (a process
 #: in uninterruptible sleep, say), named in a warning.
 _GONE_WITHIN = 10.0
@@ -170,11 +175,14 @@ class CommandTask:
             # when it is recorded, and nothing of it may overlap the next one. So it is
             # recorded (and its lock released) once the group is gone, even if cut off again.
             _kill_group(group, signal.SIGKILL)
+            lapsed = _REAPER.lapsed(group)
             await _uncancelled(_clean_up(group, self.job, pumps, transport))
             status = -1 if process.returncode is None else process.returncode
             if stop.sent:  # cut off by the stop: recorded abandoned, saying how it ended
                 how = f"{_SHUT_DOWN}: {stop.sent}; {_describe(status, errors)}"
                 run.cancel(CancelReason.SHUTDOWN, how)
+            elif lapsed and status == -signal.SIGKILL and run.cancel_reason is None:
+                run.cancel(CancelReason.LOCK_LOST, _FENCED)
         if status != 0 and not stop.sent:
             raise CommandFailed(_describe(status, errors))
 
