@@ -37,6 +37,9 @@ class LeasedClaims:
     def lock_key(self, job: str) -> int:
         raise NotImplementedError  # the backend's
 
+    def _journal_claim(self, job: str, tick: datetime, run_id: int, manual: bool) -> None:
+        raise NotImplementedError  # the backend's
+
     async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
         raise NotImplementedError  # the backend's: on its session
 
@@ -76,6 +79,7 @@ class LeasedClaims:
             row, epoch = found
             if row.opened is not None:
                 self._runs.claimed(row.opened, epoch)
+                self._journal_claim(row.job, ticks[n][1], row.opened, unique[n].manual)
             if row.locked_run is not None:
                 self._runs.locked(self.lock_key(unique[n].job), row.locked_run, sent)
             answers[n] = row.claim(unique[n])

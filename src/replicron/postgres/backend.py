@@ -39,6 +39,7 @@ from replicron.keys import LockKeyRegistry, job_lock_key
 from ._advisory import refuse_pooler
 from ._claims import ClaimRow
 from ._cluster import ClusterMethods, read_namespaces
+from ._failover import ServerIdentity
 from ._housekeeping import Housekeeper
 from ._leased_claims import LeasedClaims
 from ._pooled import BorrowedSession, PooledSession
@@ -201,6 +202,20 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         (``time.monotonic()``, which the command guards read too); ``None`` if it holds none."""
         return self._runs.lease.end_of(run_id)
 
+    @property
+    def server_changes(self) -> int:
+        """How many times the server changed under this replica (failovers: see
+        docs/postgres.md, "Failover")."""
+        return self._housekeeper.server.changes
+
+    @property
+    def server_identity(self) -> ServerIdentity | None:
+        """The server this replica talks to: (system identifier, timeline), once connected."""
+        return self._housekeeper.server.identity
+
+    def _journal_claim(self, job: str, tick: datetime, run_id: int, manual: bool) -> None:
+        self._housekeeper.server.journal.claimed(job, tick, run_id, manual)
+
     def clock_offset(self) -> timedelta | None:
         """How far the database's clock is ahead of this replica's (best recent sample)."""
         return self._housekeeper.offset
@@ -230,6 +245,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         else:
             session = LockSession(self.conninfo, **options)
         self._statements.session = session
+        session.on_connect = self._housekeeper.server.check  # which server (a failover?)
         await session.connect()
         if not leased:
             try:  # after the connect: a transaction pooler gets its own, clearer refusal
@@ -313,6 +329,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
                 await self._housekeeper.blocked_by_frozen(request.job, row.blocker, pid)
             if row.opened is not None:
                 self._runs.claimed(row.opened)
+                self._journal_claim(request.job, tick[1], row.opened, request.manual)
             if row.locked_run is not None:
                 self._runs.locked(self.lock_key(request.job), row.locked_run, sent)
             answers.append(row.claim(request))
