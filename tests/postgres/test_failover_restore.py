@@ -142,6 +142,31 @@ def test_a_tick_claimed_again_on_the_new_server_is_said_to_have_run_twice(
     assert "it may have run twice" in said
 
 
+@modes
+def test_an_outcome_that_did_not_make_it_across_is_written_again(
+    dsn: str, coordination: str
+) -> None:
+    lost: list[int] = []
+
+    async def main() -> None:
+        async with opened(dsn, "replica-a", lost, coordination=coordination) as a:
+            done = await claim(a, "cleanup", 1, lock=True)
+            await a.release([Release(record(done, "replica-a"), True)])
+            pretend_it_was_another_server(a)
+            # The standby had the claim, not the outcome.
+            sql(
+                dsn,
+                "UPDATE replicron_runs SET outcome = NULL, finished_at = NULL WHERE run_id = %s",
+                [done.run_id],
+            )
+            reconnect(dsn, a, "replica-a")
+            await a.last_ticks(["cleanup"])
+            rows = sql(dsn, "SELECT run_id, outcome FROM replicron_runs")
+            assert rows == [(done.run_id, "succeeded")]
+
+    asyncio.run(main())
+
+
 def test_a_lease_heartbeat_notices_a_change_of_server(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

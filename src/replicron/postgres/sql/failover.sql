@@ -21,8 +21,10 @@ SELECT setval(pg_get_serial_sequence('replicron_runs', 'run_id'),
 
 -- name: restore_rows
 -- After a failover: put back the rows this replica wrote on the old primary that the new one
--- lacks (under their run id, unless it is taken), and replace a "missed" row that another
--- replica recorded for a tick this replica did start. Per known row: what became of it
+-- lacks (under their run id, unless it is taken), write the outcomes of its own rows that
+-- did not make it across (open, or written off as abandoned by a janitor there; a run still
+-- held is recorded abandoned: it was told to stop), and
+-- replace a "missed" row that another replica recorded for a tick this replica did start. Per known row: what became of it
 -- ("restored", "replaced" or "kept") and the row the new primary had before (its replica,
 -- run id and outcome).
 WITH known AS MATERIALIZED (
@@ -47,15 +49,21 @@ WITH known AS MATERIALIZED (
                 ELSE known.run_id END,
            %(namespace)s, known.job, known.scheduled_at, %(replica)s, known.started_at,
            coalesce(known.finished_at, now()), known.outcome, known.error, known.manual
-    FROM known
-    WHERE known.n NOT IN (SELECT n FROM before WHERE outcome IS DISTINCT FROM 'missed')
-      AND (known.started_at IS NOT NULL OR known.n NOT IN (SELECT n FROM before))
+    FROM known LEFT JOIN before USING (n)
+    WHERE before.n IS NULL  -- the new server lacks the row
+       -- a tick this replica started, recorded missed by another replica
+       OR (before.outcome = 'missed' AND known.started_at IS NOT NULL)
+       -- its own row, whose outcome did not make it across
+       OR (coalesce(before.outcome, 'abandoned') = 'abandoned'
+           AND before.replica_id = %(replica)s AND before.run_id = known.run_id)
     ORDER BY known.n
     ON CONFLICT (namespace, job, scheduled_at) DO UPDATE
     SET replica_id = excluded.replica_id, started_at = excluded.started_at,
         finished_at = excluded.finished_at, outcome = excluded.outcome, error = excluded.error,
         heartbeat_at = NULL
     WHERE run.outcome = 'missed'
+       OR (coalesce(run.outcome, 'abandoned') = 'abandoned' AND run.replica_id = %(replica)s
+           AND run.run_id = ANY(%(run_ids)s::bigint[]))
     RETURNING run.job, run.scheduled_at, (xmax = 0) AS inserted
 )
 SELECT known.n,
