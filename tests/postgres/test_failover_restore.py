@@ -100,7 +100,7 @@ def test_after_a_failover_the_rows_the_new_server_lacks_are_put_back(
     changed = [r for r in caplog.records if CHANGED in r.getMessage()]
     assert [r.levelno for r in changed] == [logging.ERROR]  # said once
     assert "timeline" in changed[0].getMessage()
-    assert "put back 2 of the 2 ledger rows" in caplog.text
+    assert "of the 2 ledger rows this replica wrote lately the new server lacked 2" in caplog.text
 
 
 @modes
@@ -186,3 +186,31 @@ def test_a_lease_heartbeat_notices_a_change_of_server(
     with caplog.at_level(logging.ERROR, "replicron"):
         asyncio.run(main())
     assert caplog.text.count(CHANGED) == 1
+
+
+def test_rows_the_server_refuses_to_take_back_are_given_up_with_an_error(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    lost: list[int] = []
+
+    async def main() -> None:
+        async with opened(dsn, "replica-a", lost) as a:
+            done = await claim(a, "cleanup", 1, lock=True)
+            await a.release([Release(record(done, "replica-a"), True)])
+            pretend_it_was_another_server(a)
+            lose_rows(dsn, "replica-a")
+            sql(
+                dsn,
+                "ALTER TABLE replicron_runs ADD CONSTRAINT no_cleanup CHECK (job <> 'cleanup')"
+                " NOT VALID",
+            )
+            reconnect(dsn, a, "replica-a")
+            await a.last_ticks(["cleanup"])  # the connection is fine: the replica goes on
+            assert a.server_changes == 1
+            assert not a._housekeeper.server.pending  # not tried on every connection
+
+    with caplog.at_level(logging.ERROR, "replicron"):
+        asyncio.run(main())
+    assert "could not put back the ledger rows this replica wrote before the failover" in (
+        caplog.text
+    )

@@ -177,10 +177,27 @@ class ServerWatch:
             await self._restore(run, self._pending)
 
     async def _restore(self, run: Run, identity: ServerIdentity) -> None:
+        """Put the journal's rows back. Lost with its connection, it stays to do on the next
+        one; refused by the server, it is given up (said at ERROR)."""
         rows = self.journal.rows()
-        self._pending = None
-        if not rows:
+        try:
+            answers = await self._put_back(run, identity, rows) if rows else []
+        except (psycopg.OperationalError, TimeoutError, ConnectionError):
+            raise
+        except psycopg.Error as exc:
+            self._pending = None
+            logger.error(
+                "could not put back the ledger rows this replica wrote before the failover: %s",
+                exc, extra={"event": "lock_error", "replica": self.replica_id},
+            )  # fmt: skip
             return
+        self._pending = None
+        if rows:
+            self._report(rows, answers)
+
+    async def _put_back(
+        self, run: Run, identity: ServerIdentity, rows: Sequence[tuple[str, datetime, _Row]]
+    ) -> list[tuple[Any, ...]]:
         run_ids = [row.run_id for _, _, row in rows if row.run_id is not None]
         try:
             if run_ids:
@@ -192,7 +209,7 @@ class ServerWatch:
                 extra={"event": "lock_error", "replica": self.replica_id},
             )  # fmt: skip
         note = f"put back after a failover to {identity}"
-        answers = await run(
+        return await run(
             self._queries["restore_rows"],
             {
                 "namespace": self.namespace,
@@ -207,24 +224,24 @@ class ServerWatch:
                 "manual": [row.manual for _, _, row in rows],
             },
         )
-        self._report(rows, answers)
 
     def _report(
         self, rows: Sequence[tuple[str, datetime, _Row]], answers: Sequence[tuple[Any, ...]]
     ) -> None:
-        restored = 0
+        lacked = outcomes = held = missed = 0
         for (job, tick, row), (_, what, replica, run_id, outcome) in zip(
             rows, answers, strict=True
         ):
-            if what != "kept":
-                restored += 1
-                continue
-            twice = (
-                row.started is not None
-                and replica != self.replica_id
-                and outcome not in ("missed", "skipped_overlap", "skipped_limit", "paused")
-            )
-            if twice:
+            if what == "restored":
+                lacked += 1
+            elif what == "replaced" and outcome == "missed":
+                missed += 1
+            elif what == "replaced":
+                outcomes += 1
+                held += row.outcome is None
+            elif row.started is not None and replica != self.replica_id and outcome not in (
+                "missed", "skipped_overlap", "skipped_limit", "paused",
+            ):  # fmt: skip
                 logger.error(
                     "job %r tick %s ran here as run %s (its row lost in the failover) and was "
                     "claimed again on the new server by replica %s as run %s (%s): it may have "
@@ -233,6 +250,9 @@ class ServerWatch:
                            "replica": self.replica_id},
                 )  # fmt: skip
         logger.warning(
-            "after the failover: put back %d of the %d ledger rows this replica wrote lately",
-            restored, len(rows), extra={"event": "server_changed", "replica": self.replica_id},
+            "after the failover, of the %d ledger rows this replica wrote lately the new "
+            "server lacked %d (put back) and the outcome of %d (written; %d of them runs held "
+            "here, recorded abandoned), and had %d that ran here recorded missed (replaced)",
+            len(rows), lacked, outcomes, held, missed,
+            extra={"event": "server_changed", "replica": self.replica_id},
         )  # fmt: skip
