@@ -26,7 +26,7 @@ from tests.faults.analysis import Window
 from tests.faults.fleet import Fleet, both_modes
 from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PoolMode
-from tests.faults.prereqs import postgres_bin
+from tests.faults.prereqs import postgres_bin, require
 from tests.faults.replication import FailoverDatabase, ReplicatedPair
 
 Summary = Callable[[str], None]
@@ -40,6 +40,7 @@ TWICE = re.compile(r"job '([^']+)' tick (\S+) ran here as run .* it may have run
 
 @pytest.fixture(params=[True, False], ids=["sync", "async"])
 def pair(request: pytest.FixtureRequest, suite_dir: Path) -> Iterator[ReplicatedPair]:
+    require("pg_basebackup")
     bindir = postgres_bin()
     assert bindir is not None
     pair = ReplicatedPair(suite_dir, bindir, synchronous=bool(request.param))
