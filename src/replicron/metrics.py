@@ -37,6 +37,10 @@ Series, and when they are left out:
     How far the coordinator's clock is ahead of this process's. Left out where the
     coordinator has no clock of its own (memory, embedded) or before it is measured: 0 would
     claim a measured agreement.
+``replicron_server_changes_total``
+    Times the database server changed under this replica (a failover to a promoted standby,
+    or another cluster behind the same address): each is also logged at ERROR. Left out
+    where the backend cannot tell (memory, embedded).
 ``replicron_up``
     1 while the scheduler runs and its cluster reads succeed: the latest one did, and one
     came within the last ``3 * cluster_every`` seconds (at least 15, real time); else 0.
@@ -76,6 +80,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from .backends.base import ServerChanges
 from .cluster import ClusterStatus
 from .errors import ConfigurationError
 from .events import Listener, Outcome, RunEvent
@@ -264,8 +269,11 @@ class ReplicronCollector:
         running = scheduler.running
         now = time.monotonic()
         offset = _backend_clock_offset(scheduler)
+        backend = scheduler.backend
+        changes = backend.server_changes if isinstance(backend, ServerChanges) else None
         (
-            runs, duration, lateness, lock_errors, clock_offset, up, last_success, overdue
+            runs, duration, lateness, lock_errors, clock_offset, up, last_success, overdue,
+            server_changes,
         ) = families = self._families()  # fmt: skip
         with self._lock:
             # Forgotten at the first scrape after the job's removal: its series go, and a
@@ -290,6 +298,8 @@ class ReplicronCollector:
             )
         if offset is not None:
             clock_offset.add_metric([], offset.total_seconds())
+        if changes is not None:
+            server_changes.add_metric([], changes)
         if fresh and status is not None:
             for view in status.jobs:
                 if not view.scheduled_by and view.job not in jobs:
@@ -324,6 +334,7 @@ class ReplicronCollector:
         GaugeMetricFamily,
         GaugeMetricFamily,
         GaugeMetricFamily,
+        CounterMetricFamily,
     ]:
         return (
             CounterMetricFamily(
@@ -364,6 +375,10 @@ class ReplicronCollector:
                 "1 when an expected tick of the job has no run past its grace (same on every "
                 "replica).",
                 labels=["job"],
+            ),
+            CounterMetricFamily(
+                "replicron_server_changes",
+                "Times the database server changed under this replica (a failover).",
             ),
         )
 

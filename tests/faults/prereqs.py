@@ -91,6 +91,10 @@ def _missing(what: str) -> str | None:
         return None if libfaketime_path() else "libfaketime is not installed"
     if what == "initdb":
         return None if postgres_bin() else f"no PostgreSQL initdb under {_POSTGRES_BINS}"
+    if what == "pg_basebackup":  # with the server binaries (a streaming standby)
+        bindir = postgres_bin()
+        found = bindir is not None and (bindir / "pg_basebackup").exists()
+        return None if found else "pg_basebackup is not installed beside initdb"
     if what == "postgres-user":
         return None if _has_user("postgres") else "there is no OS user `postgres`"
     raise ValueError(f"unknown prerequisite {what!r}")
@@ -98,7 +102,7 @@ def _missing(what: str) -> str | None:
 
 def require(*what: str) -> None:
     """Skip (or under CI, fail) unless every named prerequisite is present: "root", "ip",
-    "nft", "runuser", "pgbouncer", "libfaketime", "initdb", "postgres-user"."""
+    "nft", "runuser", "pgbouncer", "libfaketime", "initdb", "pg_basebackup", "postgres-user"."""
     reasons = [reason for item in what if (reason := _missing(item)) is not None]
     if reasons:
         unavailable("; ".join(reasons))

@@ -121,6 +121,12 @@ class SkewedBackend(MemoryBackend):
         return timedelta(milliseconds=250)
 
 
+class FailedOverBackend(MemoryBackend):
+    """The in-process backend as if its server had changed under it twice (failovers)."""
+
+    server_changes = 2
+
+
 class Setup:
     """A running scheduler on a fake clock, its collector, and a registry with only it."""
 
@@ -404,6 +410,19 @@ def test_clock_offset_is_reported_only_where_the_coordinator_has_a_clock() -> No
         assert skewed.value("replicron_clock_offset_seconds") == 0.25
     finally:
         skewed.close()
+
+
+def test_server_changes_are_reported_only_where_the_backend_counts_them() -> None:
+    setup = Setup()
+    try:
+        assert setup.value("replicron_server_changes_total") is None
+    finally:
+        setup.close()
+    failed_over = Setup(FailedOverBackend())
+    try:
+        assert failed_over.value("replicron_server_changes_total") == 2
+    finally:
+        failed_over.close()
 
 
 def test_close_stops_counting(setup: Setup) -> None:

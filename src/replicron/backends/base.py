@@ -47,6 +47,7 @@ __all__ = [
     "NamespacedRegistry",
     "Release",
     "RunRecord",
+    "ServerChanges",
     "SharedCoordination",
     "answer_each",
     "once_per_tick",
@@ -293,6 +294,16 @@ class LeasedRuns(Protocol):
     def lease_end(self, run_id: int) -> float | None:
         """When the run's lease ends unless a heartbeat renews it, on ``time.monotonic()``'s
         clock (the same in every process of the host); ``None`` if the run holds none."""
+
+
+@runtime_checkable
+class ServerChanges(Protocol):
+    """A backend that notices when its server changes under it (a failover to a promoted
+    standby), and counts it."""
+
+    @property
+    def server_changes(self) -> int:
+        """How many times the server changed under this replica."""
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
 from ._advisory import refuse_pooler
+from ._failover import ServerIdentity, ServerWatch
 from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._runs import HeldRuns
@@ -66,6 +67,9 @@ class Housekeeper:
         self._fence = fence_stale_holders
         self._write_pending = write_pending
         self.runs = HeldRuns(Lease(lease, self._lease_expired))
+        #: The server this replica talks to; a failover stops the held runs.
+        self.server = ServerWatch(statements.namespace, held=self.runs.going_on,
+                                  lose=self._lose)  # fmt: skip
         self.replica_id = ""
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         #: The replicas of the namespace seen by the last heartbeat, this one among them.
@@ -98,7 +102,7 @@ class Housekeeper:
 
     def attach(self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None]) -> None:
         """Speak for ``replica_id`` from now on (before its session opens: it may be lost)."""
-        self.replica_id = replica_id
+        self.replica_id = self.server.replica_id = replica_id
         self._on_lock_lost = on_lock_lost
 
     async def start(self) -> None:
@@ -227,7 +231,7 @@ class Housekeeper:
         runs = self.runs
         sent = runs.to_heartbeat()
         locked = runs.locks.runs()
-        [(db_now, refreshed, relocked, peers)] = await self._statements.fetch(
+        [(db_now, refreshed, relocked, peers, *server)] = await self._statements.fetch(
             "lease_heartbeat",
             retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
             run_ids=sent,
@@ -240,6 +244,13 @@ class Housekeeper:
         )
         self.peers = frozenset(peers) | {self.replica_id}
         self._clock_sample(db_now)
+        # Connections of a pool are not checked as they open: the heartbeat checks the server.
+        self.server.seen(ServerIdentity(*server))
+        if self.server.pending:  # a failover: the held runs were told to stop
+            session = self._statements.session
+            assert session is not None
+            await self.server.restore(session.fetch)
+            return
         unrefreshed = runs.heartbeaten(sent, refreshed, self._statements.sent_at())
         # Only locks still held now: a release may have run between a failed first try of
         # this heartbeat and its retry.

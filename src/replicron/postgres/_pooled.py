@@ -41,6 +41,7 @@ class PooledSession(LockSession):
         if self.connected:
             return
         conn = await self._open_connection("cannot connect to PostgreSQL")
+        await self._connected_to(conn)
         self._conn, self.backend_pid, self._invalid = conn, None, False
         self.generation += 1
 

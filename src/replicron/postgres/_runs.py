@@ -20,6 +20,7 @@ class HeldRuns:
         self.lease = lease
         self.locks = SessionLocks()
         self._open: set[int] = set()
+        self._stopped: set[int] = set()  # open runs told to stop
         #: Lease mode: the epoch of each open run's row this replica holds.
         self.epochs: dict[int, int] = {}
 
@@ -37,6 +38,7 @@ class HeldRuns:
         """These runs stop counting as running here at once: never heartbeated again."""
         ended = list(run_ids)
         self._open.difference_update(ended)
+        self._stopped.difference_update(ended)
         self.lease.end(ended)
         for run_id in ended:
             self.epochs.pop(run_id, None)
@@ -60,11 +62,18 @@ class HeldRuns:
 
     def lost(self, run_ids: Iterable[int]) -> None:
         """These runs are told to stop: no lease of theirs runs on."""
-        self.lease.end(run_ids)
+        stopped = list(run_ids)
+        self._stopped.update(stopped)
+        self.lease.end(stopped)
+
+    def going_on(self) -> list[int]:
+        """The open runs not told to stop yet."""
+        return sorted(self._open - self._stopped)
 
     def session_lost(self) -> list[int]:
         """The session went, and every lock on it: the runs that held one."""
         lost = self.locks.drop_all()
+        self._stopped.update(lost)
         self.lease.clear()
         return lost
 
@@ -72,3 +81,4 @@ class HeldRuns:
         self.lease.clear()
         self.locks.drop_all()
         self.epochs.clear()
+        self._stopped.clear()

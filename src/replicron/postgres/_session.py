@@ -34,6 +34,7 @@ __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPo
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+Runner = Callable[[str, Mapping[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 
 
 #: Probe rounds when something pools between the replica and PostgreSQL, and statements of
@@ -139,6 +140,9 @@ class LockSession:
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
         self.last_round_trip: RoundTrip | None = None
         self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
+        #: Run on every new connection before anything else, with a way to run statements on
+        #: it (the backend checks which server it reached: see ``_failover``).
+        self.on_connect: Callable[[Runner], Awaitable[None]] | None = None
 
     @property
     def connected(self) -> bool:
@@ -161,9 +165,23 @@ class LockSession:
         except BaseException:
             await _close_quietly(conn)
             raise
+        await self._connected_to(conn)
         self._conn, self.backend_pid, self._invalid = conn, pid, False
         self._token = token
         self.generation += 1
+
+    async def _connected_to(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Run ``on_connect`` on a new connection (closed if that fails)."""
+        if self.on_connect is None:
+            return
+        try:
+            await self.on_connect(lambda query, params: self._timed(_rows(conn, query, params)))
+        except (psycopg.Error, TimeoutError) as exc:
+            await _close_quietly(conn)
+            raise BackendUnavailableError(f"cannot check the server: {exc}") from exc
+        except BaseException:
+            await _close_quietly(conn)
+            raise
 
     async def _open_connection(self, what: str) -> psycopg.AsyncConnection[Any]:
         try:

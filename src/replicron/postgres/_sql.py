@@ -1,5 +1,6 @@
 """The PostgreSQL backend's SQL: ``sql/queries.sql``, what lease mode runs instead of some
-of them (``sql/lease.sql``), and ``sql/migrations/``."""
+of them (``sql/lease.sql``), what a failover runs (``sql/failover.sql``), and
+``sql/migrations/``."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ _FILES = SqlFiles("replicron.postgres")
 
 @cache
 def queries() -> dict[str, str]:
-    """Every named query of ``queries.sql`` and ``lease.sql``."""
-    common = _FILES.queries()
-    leased = _FILES.queries("lease.sql")
-    if common.keys() & leased.keys():
-        raise RuntimeError(f"named in both files: {sorted(common.keys() & leased.keys())}")
-    return common | leased
+    """Every named query of ``queries.sql``, ``lease.sql`` and ``failover.sql``."""
+    found: dict[str, str] = {}
+    for file in ("queries.sql", "lease.sql", "failover.sql"):
+        named = _FILES.queries(file)
+        if found.keys() & named.keys():
+            raise RuntimeError(f"named twice: {sorted(found.keys() & named.keys())}")
+        found |= named
+    return found
 
 
 @cache

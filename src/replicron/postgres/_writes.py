@@ -172,8 +172,11 @@ class OutcomeWrites:
         elif not leased and None in unlocked:
             refuse_pooler(self._statements, self.replica_id)
         report_unheld(unlocking, unlocked, self.replica_id, leased=leased)
+        journal = self._housekeeper.server.journal  # put back after a failover if need be
         for record, ok, before in zip(records, written, found, strict=True):
             log_write(record, ok, before, self.replica_id)
+            if ok:
+                journal.ended(record)
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         await self._housekeeper.admit()
@@ -199,6 +202,9 @@ class OutcomeWrites:
         answers: list[bool | None] = [
             None if (what := found.get(key)) == "early" else what == "recorded" for key in ticks
         ]
+        for record, answer in zip(unique, answers, strict=True):
+            if answer:
+                self._housekeeper.server.journal.ended(record)
         return answer_each(records, answers, where, unrecorded_repeat)
 
     async def _last_writes(self) -> None:

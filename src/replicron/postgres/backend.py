@@ -39,7 +39,9 @@ from replicron.keys import LockKeyRegistry, job_lock_key
 from ._advisory import refuse_pooler
 from ._claims import ClaimRow
 from ._cluster import ClusterMethods, read_namespaces
+from ._failover import ServerIdentity
 from ._housekeeping import Housekeeper
+from ._leased_claims import LeasedClaims
 from ._pooled import BorrowedSession, PooledSession
 from ._probe import check_advisory_locks, open_probe_session
 from ._session import LockSession
@@ -66,7 +68,7 @@ CoordinationMode = Literal["advisory", "lease"]
 logger = logging.getLogger(__name__)
 
 
-class PostgresBackend(OutcomeWrites, ClusterMethods):
+class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
     """Coordinates replicas through one PostgreSQL database.
 
     ``namespace`` separates independent deployments sharing a database (lock keys are
@@ -203,6 +205,20 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         (``time.monotonic()``, which the daemon's reaper reads too); ``None`` if it holds none."""
         return self._runs.lease.end_of(run_id)
 
+    @property
+    def server_changes(self) -> int:
+        """How many times the server changed under this replica (failovers: see
+        docs/postgres.md, "Failover")."""
+        return self._housekeeper.server.changes
+
+    @property
+    def server_identity(self) -> ServerIdentity | None:
+        """The server this replica talks to: (system identifier, timeline), once connected."""
+        return self._housekeeper.server.identity
+
+    def _journal_claim(self, job: str, tick: datetime, run_id: int, manual: bool) -> None:
+        self._housekeeper.server.journal.claimed(job, tick, run_id, manual)
+
     def clock_offset(self) -> timedelta | None:
         """How far the database's clock is ahead of this replica's (best recent sample)."""
         return self._housekeeper.offset
@@ -232,6 +248,7 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
         else:
             session = LockSession(self.conninfo, **options)
         self._statements.session = session
+        session.on_connect = self._housekeeper.server.check  # which server (a failover?)
         await session.connect()
         if not leased:
             try:  # after the connect: a transaction pooler gets its own, clearer refusal
@@ -315,77 +332,11 @@ class PostgresBackend(OutcomeWrites, ClusterMethods):
                 await self._housekeeper.blocked_by_frozen(request.job, row.blocker, pid)
             if row.opened is not None:
                 self._runs.claimed(row.opened)
+                self._journal_claim(request.job, tick[1], row.opened, request.manual)
             if row.locked_run is not None:
                 self._runs.locked(self.lock_key(request.job), row.locked_run, sent)
             answers.append(row.claim(request))
         return answer_each(requests, answers, where, taken_repeat)
-
-    async def _claim_leased(self, unique: Sequence[ClaimRequest]) -> list[Claim]:
-        """Lease mode: the ticks another replica has already are answered from one read, then
-        the others claimed; each won row comes with the epoch this replica holds it in."""
-        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
-        answers = [taken_repeat(request) for request in unique]
-        had = await self._rows_of_others(unique, ticks)
-        trying = [n for n in range(len(unique)) if n not in had]
-        if not trying:
-            return answers
-        with self._tokens.attempt([ticks[n] for n in trying]) as tokens:
-            rows = await self._fetch(
-                "lease_claim",
-                retry=True,  # the token makes a retry recognise the rows its first try inserted
-                jobs=[unique[n].job for n in trying],
-                ticks=[unique[n].scheduled_at for n in trying],
-                locks=[unique[n].lock for n in trying],
-                manual=[unique[n].manual for n in trying],
-                limits=[unique[n].max_runs for n in trying],
-                replica=self.replica_id,
-                tokens=tokens,
-                ahead=CLAIM_AHEAD,
-                stale_after=timedelta(seconds=self.stale_after),
-            )  # fmt: skip
-        sent = self._statements.sent_at()
-        won = {
-            (job, tick.astimezone(UTC)): (ClaimRow(job, tick, run_id, status, holder, False, None),
-                                          epoch)
-            for job, tick, run_id, status, holder, epoch in rows
-        }  # fmt: skip
-        for n in trying:
-            found = won.get(ticks[n])
-            if found is None:  # somebody has it
-                continue
-            row, epoch = found
-            if row.opened is not None:
-                self._runs.claimed(row.opened, epoch)
-            if row.locked_run is not None:
-                self._runs.locked(self.lock_key(unique[n].job), row.locked_run, sent)
-            answers[n] = row.claim(unique[n])
-        return answers
-
-    async def _rows_of_others(
-        self, unique: Sequence[ClaimRequest], ticks: Sequence[tuple[str, datetime]]
-    ) -> set[int]:
-        """Lease mode, among peers: which of the ticks whose instant has come already have a
-        row (their first replica claimed them ahead), read once instead of tried one by one.
-        A tick whose claim's answer this replica lost is tried again, never read."""
-        if len(self.peers) < 2:
-            return set()
-        offset = self.clock_offset() or timedelta(0)
-        now = datetime.now(UTC) + offset
-        due = [
-            n
-            for n, request in enumerate(unique)
-            if not request.manual and request.scheduled_at <= now and ticks[n] not in self._tokens
-        ]
-        if not due:
-            return set()
-        rows = await self._fetch(
-            "lease_unclaimed",
-            retry=True,
-            jobs=[ticks[n][0] for n in due],
-            ticks=[ticks[n][1] for n in due],
-        )
-        free = {due[position - 1] for (position,) in rows}
-        return set(due) - free
 
     async def lock(self, claim: Claim) -> bool:
         key = self.lock_key(claim.job)

@@ -214,7 +214,7 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 -- Renew every lease this replica holds in one statement: its open rows (compare-and-set on
 -- claimant and epoch) and the job locks its runs hold (on the run that holds each); note the
 -- replica as seen; return the database's clock, the runs whose row was renewed, the runs whose
--- lock was renewed, and the replicas of the namespace seen lately.
+-- lock was renewed, the replicas of the namespace seen lately, and the server's identity.
 WITH mine AS MATERIALIZED (
     SELECT * FROM unnest(%(run_ids)s::bigint[], %(epochs)s::int[]) AS m(run_id, epoch)
 ), refreshed AS (
@@ -262,7 +262,10 @@ SELECT clock_timestamp(),
        ARRAY(SELECT replica_id FROM replicron_replicas
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
-       AS peers;
+       AS peers,
+       -- The server's identity (see server_identity in failover.sql): a failover changes it.
+       (SELECT system_identifier FROM pg_control_system()),
+       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int;
 
 -- name: lease_abandon_stale
 -- Janitor: open rows whose lease ran out (or, with no lease, whose heartbeat went stale) are
