@@ -388,8 +388,10 @@ def test_shutdown_timeout_signals_sync_and_cancels_async_runs(
 ) -> None:
     seen_cancel = threading.Event()
     async_cancelled = threading.Event()
+    sync_started = threading.Event()
 
     def stubborn() -> None:
+        sync_started.set()
         current_run().cancelled.wait(10)
         seen_cancel.set()
 
@@ -406,6 +408,7 @@ def test_shutdown_timeout_signals_sync_and_cancels_async_runs(
     s.add_job(every(seconds=1), sleeper, name="async")
     step(clock, START + timedelta(seconds=1))
     recorder.wait_count("before_run", 2)
+    assert sync_started.wait(10)  # on its thread: a run cut off before that is not called
     s.shutdown()
     assert seen_cancel.is_set()
     assert async_cancelled.is_set()

@@ -129,15 +129,17 @@ def test_a_stop_that_waits_is_cut_short_by_one_that_does_not(
     scheduler: Scheduler, clock: FakeClock, recorder: Recorder
 ) -> None:
     reasons: list[CancelReason | None] = []
+    started = threading.Event()
 
     def stubborn() -> None:
         run = current_run()
+        started.set()
         run.cancelled.wait(30)
         reasons.append(run.cancel_reason)
 
     scheduler.add_job(every(seconds=10), stubborn, name="stubborn")
     tick(clock, 10)
-    recorder.wait_count("before_run", 1)
+    assert started.wait(10)  # on its thread: a run cut off before that is not called
     waiting = threading.Thread(target=scheduler.shutdown, kwargs={"timeout": 60})
     waiting.start()
     poll_until("the shutdown to begin", lambda: not scheduler.running, 5)
@@ -193,7 +195,7 @@ def test_a_run_knows_why_it_was_told_to_stop(clock: FakeClock, recorder: Recorde
     s.start()
     try:
         tick(clock, 10)
-        recorder.wait_count("before_run", 1)
+        assert started.wait(10)  # on its thread: a run cut off before that is not called
         clock.set(START + timedelta(seconds=15))
         recorder.wait_count("on_timeout", 1)
         s.remove_job("timed")

@@ -168,17 +168,19 @@ def test_timeout_signals_sync_runs_through_the_cancel_event(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     seen: list[datetime | None] = []
+    started = threading.Event()
 
     def polite() -> None:
         run = current_run()
         seen.append(run.deadline)
+        started.set()
         assert run.cancelled.wait(10)
 
     caplog.set_level(logging.INFO, logger="replicron")
     s = make(clock=clock, listeners=[recorder])
     job = s.add_job(every(seconds=10), polite, name="p", timeout=2.5)
     step(clock, T[1])
-    recorder.wait_count("before_run", 1)
+    assert started.wait(10)  # on its thread: a run cut off before that is not called
     step(clock, T[1] + timedelta(seconds=4))
     recorder.wait_count("on_timeout", 1)
     s.wait_idle()
