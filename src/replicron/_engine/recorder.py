@@ -65,6 +65,7 @@ class Recorder:
         self._background, self._life, self.replica_id = background, life, replica_id
         self._releases: list[Release] = []
         self._released_states: list[JobState | None] = []
+        self._written: list[Callable[[], None]] = []
         self.after_release: AfterRelease = _nothing_waits
 
     def __bool__(self) -> bool:
@@ -123,12 +124,21 @@ class Recorder:
         if observer.listeners and not announced:
             observer.notify(_LISTENER_HOOK[outcome], event_of(record, error, detail))
 
-    def release(self, record: RunRecord, unlock: bool, state: JobState | None) -> None:
+    def release(
+        self,
+        record: RunRecord,
+        unlock: bool,
+        state: JobState | None,
+        written: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``record`` with the next batch, then release its lock if ``unlock``; then
-        tell ``after_release`` about ``state``."""
+        call ``written`` (written or not: the backend answered) and tell ``after_release``
+        about ``state``."""
         releases = self._releases
         releases.append(Release(record, unlock))
         self._released_states.append(state)
+        if written is not None:
+            self._written.append(written)
         if len(releases) == 1:
             self._background.spawn(self.flush())
 
@@ -136,6 +146,7 @@ class Recorder:
         while self._releases:
             batch, self._releases = self._releases, []
             states, self._released_states = self._released_states, []
+            written, self._written = self._written, []
             try:
                 await self._backend.release(batch)
             except Exception as exc:
@@ -144,6 +155,8 @@ class Recorder:
                         _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
                         record.job, record.scheduled_at, record.run_id, exc,
                     )  # fmt: skip
+            for call in written:
+                call()
             if self._life.running:  # once stopping, nothing more starts
                 await self.after_release(states)
 

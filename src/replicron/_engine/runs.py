@@ -290,9 +290,13 @@ class RunExecutor:
             run.started_at = from_unix(run.unix_started)
         state = run.state
         state.running -= 1
+        missed_written = None
         if run.start_by is not None and not run.manual:
             max_runs = state.spec.max_runs
-            if max_runs is not None:
+            if max_runs is not None and run.missed is not None:
+                # The backend counts it as a run until its outcome is written.
+                missed_written = functools.partial(_written, state)
+            elif max_runs is not None:
                 state.may_miss -= 1
             if run.missed is not None:
                 state.runs_started -= 1  # it did not run: it does not count against max_runs
@@ -312,8 +316,13 @@ class RunExecutor:
             record, state, error=error, detail=run.cancel_detail if ran else text,
             announced=run.timed_out,
         )  # fmt: skip
-        recorder.release(record, run.locked, state)
+        recorder.release(record, run.locked, state, missed_written)
         if not self.active:
             assert self._idle is not None
             self._idle.set()
             self._on_idle()
+
+
+def _written(state: JobState) -> None:
+    """The outcome of a run of ``state``'s job missed on its thread is written."""
+    state.may_miss -= 1
