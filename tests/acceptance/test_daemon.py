@@ -398,6 +398,23 @@ def test_sigterm_lets_a_run_finish_within_stop_timeout(daemons: Daemons, summary
     )
 
 
+def test_a_kill_grace_longer_than_stop_timeout_still_lets_a_short_run_finish(
+    daemons: Daemons, summary: Summary
+) -> None:
+    """kill_grace (10 s by default) is more than the stop gives (4 s): SIGTERM would come at
+    once, cutting off a run that was about to end; it comes halfway to the deadline."""
+    daemon, state_dir, program, _, facts = one_daemon_with_a_run(
+        daemons, stop_timeout="4s", work_seconds=1
+    )
+    took = stop_cleanly(daemon, timeout=30)
+    assert not program.alive
+    assert daemon.lines("stdout| finished"), daemon.log()
+    assert not daemon.lines("sent SIGTERM"), daemon.log()
+    ledger_row(lambda: embedded_ledger(state_dir, "work"), int(facts["run_id"]), "succeeded")
+    summary(f"SIGTERM during a 1 s run, stop_timeout 4 s, kill_grace 10 s: it finished, "
+            f"succeeded; exit 0 in {took:.2f} s")  # fmt: skip
+
+
 def test_sigterm_stops_a_run_that_outlasts_stop_timeout(daemons: Daemons, summary: Summary) -> None:
     daemon, state_dir, program, grandchild, facts = one_daemon_with_a_run(
         daemons, stop_timeout="1s", work_seconds=60
@@ -406,8 +423,8 @@ def test_sigterm_stops_a_run_that_outlasts_stop_timeout(daemons: Daemons, summar
     wait_dead(program, "the program")
     wait_dead(grandchild, "its grandchild sleep")
     assert took < 10, took  # it gave the run stop_timeout, then did not wait for it
-    # kill_grace (10 s by default) is longer than stop_timeout: SIGTERM at once, and the
-    # program ends on it. (tests/acceptance/test_daemon_stop.py times the whole sequence.)
+    # kill_grace (10 s by default) is longer than stop_timeout: SIGTERM halfway to the
+    # deadline, and the program ends on it (tests/acceptance/test_daemon_stop.py times it).
     assert daemon.lines("the scheduler is stopping: sent SIGTERM"), daemon.log()
     assert not daemon.lines("stdout| finished")
     row = ledger_row(lambda: embedded_ledger(state_dir, "work"), int(facts["run_id"]), "abandoned")

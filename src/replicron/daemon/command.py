@@ -6,8 +6,8 @@ When the run must end decides how the group ends:
 - past the job's ``timeout``: SIGTERM, then SIGKILL after ``kill_grace``; ``timed_out``;
 - the daemon stopping: the engine's stop has one deadline (``stop_timeout`` from its start;
   now if hurried by a second signal), told to the run (``RunContext.stop_deadline``): SIGTERM
-  ``kill_grace`` before it (at once if that has passed), SIGKILL at it; ``abandoned``, saying
-  which signals it got and how it ended, whatever its exit status;
+  ``kill_grace`` before it (halfway there if the stop gives less), SIGKILL at it;
+  ``abandoned``, saying which signals it got and how it ended, whatever its exit status;
 - its lock or lease lost: SIGKILL at once. A lost lease fires ``heartbeat_interval`` before
   any other replica may take the job over, and SIGKILL needs no cooperation from the
   program: this is what fences a command.
@@ -269,7 +269,8 @@ async def _gone(group: int, job: str) -> None:
 
 class _Stop:
     """The scheduler's stop, for one run: its group gets SIGTERM ``kill_grace`` before the
-    stop's deadline (at once if that has passed), SIGKILL at the deadline. Told the deadline
+    stop's deadline, or halfway there if the stop gives less than twice that (so a command
+    always has time to finish on its own first), SIGKILL at the deadline. Told the deadline
     again if a second signal hurries the stop."""
 
     def __init__(
@@ -288,7 +289,8 @@ class _Stop:
         now, later = time.monotonic(), self.exited.get_loop().call_later
         self.timers = []
         if not self.sent and self.grace > 0:  # (first: both may be due now)
-            self.timers.append(later(max(0.0, by - self.grace - now), self._term, by))
+            grace = min(self.grace, max(0.0, by - now) / 2)
+            self.timers.append(later(max(0.0, by - grace - now), self._term, by))
         self.timers.append(later(max(0.0, by - now), self._kill))
 
     def _term(self, by: float) -> None:
