@@ -433,7 +433,7 @@ def plans(args: argparse.Namespace) -> list[Plan]:
         return [
             Plan("replicron", 100, "every-second", 8, WARMUP, 2),
             Plan("replicron", 600, "every-second", 8, WARMUP, 2),
-            Plan("replicron", 600, "rolling", 16, WARMUP, 3, ROLLING_TASK_MS),
+            Plan("replicron", 600, "rolling", 16, WARMUP, 3, args.rolling_task_ms),
             Plan("replicron", 1000, "hourly", 10, WARMUP, 0),
         ]
     warmup, seconds, drain = args.warmup, args.seconds, 3.0
@@ -445,7 +445,7 @@ def plans(args: argparse.Namespace) -> list[Plan]:
         Plan("replicron", 600, "every-second", seconds, warmup, drain),
         Plan("replicron", 100, "every-second", seconds, warmup, drain),
         Plan("replicron", 2000, "every-second", seconds, warmup, drain),
-        Plan("replicron", 600, "rolling", max(seconds, 40.0), warmup, drain, ROLLING_TASK_MS),
+        Plan("replicron", 600, "rolling", max(seconds, 40.0), warmup, drain, args.rolling_task_ms),
         Plan("replicron", 1000, "hourly", args.idle_seconds, warmup, 0.0),
         Plan("apscheduler4", 1000, "hourly", args.idle_seconds, warmup, 0.0),
     ]
@@ -480,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dsn", help="use this server, not a throwaway cluster")
     parser.add_argument("--quick", action="store_true", help="smoke test: short, no APScheduler")
+    parser.add_argument(
+        "--rolling-task-ms", type=float, default=ROLLING_TASK_MS,
+        help="the rolling restart's task length (ms)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=20.0, help="window of the bursts (s)")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=WARMUP, help="s before each window")
