@@ -159,3 +159,14 @@ def test_ticks_that_need_no_thread_are_held_back_for_their_first_replica_too() -
     assert {t.job for t in claimed} == {job for job in JOBS if spreader.rank(job)[0] == 0}
     later, _ = spreader.split([], 0, lambda job: False, AT)
     assert sorted(t.job for t in claimed + later) == JOBS
+
+
+def test_a_tick_given_twice_is_kept_once_and_replaces_nothing() -> None:
+    """A replica starting mid-burst finds the burst's ticks both due and by its catch-up:
+    the copy is not a newer tick of the job, and the tick must not be recorded missed."""
+    spreader = Spreader("r0")
+    ticks = burst()
+    now, replaced = spreader.split(ticks + ticks, 12, every_job, AT)
+    assert replaced == []
+    assert len(now) == len(set(now)) == 12
+    assert sorted([t.job for t in now] + list(spreader.deferred)) == JOBS

@@ -124,6 +124,9 @@ class Spreader:
         pending = list(deferred.values())
         deferred.clear()
         pending.extend(ticks)
+        # A tick may come twice (due, and found by a catch-up as its replica starts): once
+        # is enough, and the second must not count as a newer tick replacing the first.
+        pending = list(dict.fromkeys(pending))
         claim: list[Tick] = []
         candidates: list[Tick] = []
         held: list[Tick] = []
