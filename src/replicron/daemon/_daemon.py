@@ -204,7 +204,8 @@ class Daemon:
             stop_timeout = self.config.scheduler.stop_timeout.total_seconds()
             logger.info(
                 "stopping: no new ticks; runs going on get up to %g s to finish (a command "
-                "gets SIGTERM its kill_grace before the end), then are killed", stop_timeout,
+                "gets SIGTERM its kill_grace before the end, or halfway there if kill_grace is "
+                "longer than half of it), then are killed", stop_timeout,
                 extra={"event": "daemon_stopping"},
             )  # fmt: skip
             await scheduler.shutdown(wait=not self._hurried, timeout=stop_timeout)
