@@ -21,6 +21,7 @@ ERRORS = [
     "InvalidJobArgumentsError",
     "InvalidJobNameError",
     "InvalidJobOptionError",
+    "InvalidNotifierError",
     "InvalidTimeOfDayError",
     "InvalidTimezoneError",
     "JobNotFoundError",
@@ -109,6 +110,14 @@ EXPECTED = {
     "replicron.web": ["status_app"],
     "replicron.dsn": ["mask_dsn", "mask_secrets", "plain_postgres_url"],
     "replicron.backends.sqlfiles": ["Migration", "SqlFiles"],
+    "replicron.notify": [
+        "DEFAULT_EVENTS",
+        "EVENTS",
+        "FIELDS",
+        "NotificationCounts",
+        "Notifier",
+        "mask_url",
+    ],
     "replicron.metrics": ["DURATION_BUCKETS", "LATENESS_BUCKETS", "ReplicronCollector"],
     "replicron.postgres": [
         "BackendUnavailableError",
