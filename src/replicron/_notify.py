@@ -1,5 +1,6 @@
-"""Delivery of a notifier's messages: a bounded queue drained by one background thread, with
-retries, so that no run and no scheduler loop ever waits for an endpoint.
+"""A notifier's settings, checked; and the delivery of its messages: a bounded queue
+drained by one background thread, with retries, so that no run and no scheduler loop ever
+waits for an endpoint.
 
 URLs carry secrets (a Slack webhook's path, a healthchecks UUID, ``user:pass@``,
 ``?token=``), so nothing here logs or raises a URL or header value as given: only
@@ -12,7 +13,9 @@ import base64
 import heapq
 import itertools
 import logging
+import math
 import random
+import string
 import threading
 import time
 import urllib.error
@@ -22,7 +25,23 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-__all__ = ["Courier", "Delivery", "NotificationCounts", "mask_url", "scrub", "secrets_of"]
+from .errors import InvalidNotifierError
+
+__all__ = [
+    "LINK_FIELDS",
+    "Courier",
+    "Delivery",
+    "NotificationCounts",
+    "check_headers",
+    "check_link",
+    "check_names",
+    "check_number",
+    "check_url",
+    "mask_url",
+    "ping_url",
+    "scrub",
+    "secrets_of",
+]
 
 #: Shown in place of a secret.
 MASK = "***"
@@ -70,6 +89,94 @@ def secrets_of(url: str) -> list[str]:
     if parts.fragment:
         found.append(parts.fragment)
     return found
+
+
+#: The placeholders a ``link`` template may use.
+LINK_FIELDS = ("job", "tick", "event", "replica", "run_id", "namespace")
+_SCHEMES = ("http", "https")
+
+
+def check_url(value: object, where: str = "") -> str:
+    """``value`` if it is an http(s) URL with a host, else :class:`InvalidNotifierError`
+    naming ``where`` and showing the URL masked."""
+    said = f"{where}: " if where else ""
+    if not isinstance(value, str):
+        raise InvalidNotifierError(f"{said}must be an http(s) URL string, not {value!r}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (a port out of range raises here)
+    except ValueError:
+        raise InvalidNotifierError(f"{said}not a valid URL: {mask_url(value)!r}") from None
+    if parts.scheme.lower() not in _SCHEMES:
+        shown = f"{parts.scheme}://" if parts.scheme else "no scheme"
+        raise InvalidNotifierError(
+            f"{said}must be an http:// or https:// URL, not {shown} ({mask_url(value)!r})"
+        )
+    if not parts.hostname:
+        raise InvalidNotifierError(f"{said}the URL has no host ({mask_url(value)!r})")
+    return value
+
+
+def check_number(value: object, where: str, *, least: float, whole: bool = False) -> float:
+    kinds = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+        kind = "a whole number" if whole else "a finite number"
+        raise InvalidNotifierError(f"{where}: must be {kind}, not {value!r}")
+    if value < least:
+        raise InvalidNotifierError(f"{where}: must be at least {least}, not {value!r}")
+    return float(value)
+
+
+def check_names(
+    value: Iterable[str] | str, where: str, known: tuple[str, ...] = ()
+) -> frozenset[str]:
+    items = [value] if isinstance(value, str) else list(value)
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidNotifierError(f"{where}: must be strings, not {item!r}")
+        if known and item not in known:
+            raise InvalidNotifierError(
+                f"{where}: unknown name {item!r} (known: {', '.join(known)})"
+            )
+    return frozenset(items)
+
+
+def check_headers(value: Mapping[str, str] | None) -> dict[str, str]:
+    headers = dict(value or {})
+    for name, text in headers.items():
+        if not isinstance(name, str) or not name or any(c in name for c in ":\r\n "):
+            raise InvalidNotifierError(f"notifier headers: {name!r} is not a header name")
+        if not isinstance(text, str) or "\r" in text or "\n" in text:
+            raise InvalidNotifierError(
+                f"notifier headers: {name}: the value must be a one-line string"
+            )
+    return headers
+
+
+def check_link(template: object) -> str | None:
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        raise InvalidNotifierError(f"notifier link: must be a string, not {template!r}")
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise InvalidNotifierError(f"notifier link: not a valid template: {exc}") from None
+    for name in names:
+        if name not in LINK_FIELDS:
+            raise InvalidNotifierError(
+                f"notifier link: unknown placeholder {{{name}}} "
+                f"(known: {', '.join('{' + n + '}' for n in LINK_FIELDS)})"
+            )
+    return template
+
+
+def ping_url(base: str, suffix: str) -> str:
+    """``base`` with ``/suffix`` added to its path (healthchecks.io's ``/start``, ``/fail``)."""
+    if not suffix:
+        return base
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + suffix))
 
 
 class PermanentFailure(Exception):

@@ -29,14 +29,25 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import math
-import string
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
-from ._notify import Courier, Delivery, NotificationCounts, mask_url, secrets_of
+from ._notify import (
+    LINK_FIELDS,
+    Courier,
+    Delivery,
+    NotificationCounts,
+    check_headers,
+    check_link,
+    check_names,
+    check_number,
+    check_url,
+    mask_url,
+    ping_url,
+    secrets_of,
+)
 from ._problems import ProblemKind
 from .cluster import ClusterStatus, JobView
 from .dsn import mask_secrets
@@ -47,7 +58,15 @@ from .keys import check_job_name
 if TYPE_CHECKING:
     from .scheduler import AsyncScheduler, Scheduler
 
-__all__ = ["DEFAULT_EVENTS", "EVENTS", "FIELDS", "NotificationCounts", "Notifier", "mask_url"]
+__all__ = [
+    "DEFAULT_EVENTS",
+    "EVENTS",
+    "FIELDS",
+    "NotificationCounts",
+    "Notifier",
+    "check_url",
+    "mask_url",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -61,87 +80,6 @@ FIELDS = (
     "event", "job", "tick", "outcome", "error", "replica", "run_id", "duration", "namespace",
     "manual", "link", "text",
 )  # fmt: skip
-#: The placeholders a ``link`` template may use.
-_LINK_FIELDS = ("job", "tick", "event", "replica", "run_id", "namespace")
-_SCHEMES = ("http", "https")
-
-
-def _url(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidNotifierError(f"{where}: must be an http(s) URL string, not {value!r}")
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018  (a port out of range raises here)
-    except ValueError:
-        raise InvalidNotifierError(f"{where}: not a valid URL: {mask_url(value)!r}") from None
-    if parts.scheme.lower() not in _SCHEMES:
-        shown = f"{parts.scheme}://" if parts.scheme else "no scheme"
-        raise InvalidNotifierError(
-            f"{where}: must be an http:// or https:// URL, not {shown} ({mask_url(value)!r})"
-        )
-    if not parts.hostname:
-        raise InvalidNotifierError(f"{where}: the URL has no host ({mask_url(value)!r})")
-    return value
-
-
-def _number(value: object, where: str, *, least: float, whole: bool = False) -> float:
-    kinds = int if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-        kind = "a whole number" if whole else "a finite number"
-        raise InvalidNotifierError(f"{where}: must be {kind}, not {value!r}")
-    if value < least:
-        raise InvalidNotifierError(f"{where}: must be at least {least}, not {value!r}")
-    return float(value)
-
-
-def _names(value: Iterable[str] | str, where: str, known: tuple[str, ...] = ()) -> frozenset[str]:
-    items = [value] if isinstance(value, str) else list(value)
-    for item in items:
-        if not isinstance(item, str):
-            raise InvalidNotifierError(f"{where}: must be strings, not {item!r}")
-        if known and item not in known:
-            raise InvalidNotifierError(
-                f"{where}: unknown name {item!r} (known: {', '.join(known)})"
-            )
-    return frozenset(items)
-
-
-def _headers(value: Mapping[str, str] | None) -> dict[str, str]:
-    headers = dict(value or {})
-    for name, text in headers.items():
-        if not isinstance(name, str) or not name or any(c in name for c in ":\r\n "):
-            raise InvalidNotifierError(f"notifier headers: {name!r} is not a header name")
-        if not isinstance(text, str) or "\r" in text or "\n" in text:
-            raise InvalidNotifierError(
-                f"notifier headers: {name}: the value must be a one-line string"
-            )
-    return headers
-
-
-def _link(template: object) -> str | None:
-    if template is None:
-        return None
-    if not isinstance(template, str):
-        raise InvalidNotifierError(f"notifier link: must be a string, not {template!r}")
-    try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as exc:
-        raise InvalidNotifierError(f"notifier link: not a valid template: {exc}") from None
-    for name in names:
-        if name not in _LINK_FIELDS:
-            raise InvalidNotifierError(
-                f"notifier link: unknown placeholder {{{name}}} "
-                f"(known: {', '.join('{' + n + '}' for n in _LINK_FIELDS)})"
-            )
-    return template
-
-
-def _ping_url(base: str, suffix: str) -> str:
-    """``base`` with ``/suffix`` added to its path (healthchecks.io's ``/start``, ``/fail``)."""
-    if not suffix:
-        return base
-    parts = urlsplit(base)
-    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + suffix))
 
 
 class Notifier(Listener):
@@ -185,34 +123,36 @@ class Notifier(Listener):
     ) -> None:
         if url is not None and call is not None:
             raise InvalidNotifierError("notifier: give url or call, not both")
-        self._url = None if url is None else _url(url, "notifier url")
+        self._url = None if url is None else check_url(url, "notifier url")
         if call is not None and (not callable(call) or inspect.iscoroutinefunction(call)):
             raise InvalidNotifierError(
                 f"notifier call: must be a plain function (it runs on the notifier's thread), "
                 f"not {call!r}"
             )
         self._call = call
-        self._events = _names(events, "notifier events", EVENTS)
-        self._jobs = _names(jobs, "notifier jobs")
-        self._tags = _names(tags, "notifier tags")
-        self._fields = _names(fields, "notifier fields", FIELDS)
-        self._link = _link(link)
+        self._events = check_names(events, "notifier events", EVENTS)
+        self._jobs = check_names(jobs, "notifier jobs")
+        self._tags = check_names(tags, "notifier tags")
+        self._fields = check_names(fields, "notifier fields", FIELDS)
+        self._link = check_link(link)
         if not isinstance(namespace, str):
             raise InvalidNotifierError(f"notifier namespace: must be a string, not {namespace!r}")
         self._namespace = namespace
-        self._error_chars = int(_number(error_chars, "notifier error_chars", least=1, whole=True))
-        self._overdue_every = _number(overdue_every, "notifier overdue_every", least=0.01)
-        self._flush_timeout = _number(flush_timeout, "notifier flush_timeout", least=0)
-        header_values = _headers(headers)
+        self._error_chars = int(
+            check_number(error_chars, "notifier error_chars", least=1, whole=True)
+        )
+        self._overdue_every = check_number(overdue_every, "notifier overdue_every", least=0.01)
+        self._flush_timeout = check_number(flush_timeout, "notifier flush_timeout", least=0)
+        header_values = check_headers(headers)
         self._header_names = tuple(header_values)
         self._courier = Courier(
             logger=_logger,
             headers=header_values,
-            timeout=_number(timeout, "notifier timeout", least=0.001),
-            attempts=int(_number(attempts, "notifier attempts", least=1, whole=True)),
-            backoff=_number(backoff, "notifier backoff", least=0),
-            max_backoff=_number(max_backoff, "notifier max_backoff", least=0),
-            max_queue=int(_number(max_queue, "notifier max_queue", least=1, whole=True)),
+            timeout=check_number(timeout, "notifier timeout", least=0.001),
+            attempts=int(check_number(attempts, "notifier attempts", least=1, whole=True)),
+            backoff=check_number(backoff, "notifier backoff", least=0),
+            max_backoff=check_number(max_backoff, "notifier max_backoff", least=0),
+            max_queue=int(check_number(max_queue, "notifier max_queue", least=1, whole=True)),
             secrets=[
                 *(secrets_of(self._url) if self._url else ()),
                 *(v for v in header_values.values()),
@@ -237,7 +177,7 @@ class Notifier(Listener):
         if url is None:
             self._pings.pop(job, None)
             return
-        self._pings[job] = _url(url, f"notifier: job {job!r}: ping URL")
+        self._pings[job] = check_url(url, f"notifier: job {job!r}: ping URL")
         self._courier.add_secrets(secrets_of(url))
 
     @property
@@ -260,7 +200,7 @@ class Notifier(Listener):
         events) watch its cluster; returns the function that detaches it."""
         scheduler.add_listener(self)
         self._scheduler, self._replica_id = scheduler, scheduler.replica_id
-        if "overdue" in self._events:
+        if "overdue" in self._events and (self._url is not None or self._call is not None):
             self._unwatch = scheduler.watch_cluster(self._cluster_read, self._overdue_every)
 
         def detach() -> None:
@@ -347,7 +287,7 @@ class Notifier(Listener):
         self._courier.put(
             Delivery(
                 label=f"ping {suffix or 'success'} of job {event.job!r} to {mask_url(base)}",
-                url=_ping_url(base, suffix),
+                url=ping_url(base, suffix),
                 body=body,
                 content_type="text/plain; charset=utf-8",
             )
@@ -381,7 +321,7 @@ class Notifier(Listener):
 
     def _send(self, payload: dict[str, Any], text: str) -> None:
         if self._link is not None:
-            values = {name: quote(str(payload.get(name) or ""), safe="") for name in _LINK_FIELDS}
+            values = {name: quote(str(payload.get(name) or ""), safe="") for name in LINK_FIELDS}
             payload["link"] = self._link.format(**values)
             text += f" {payload['link']}"
         else:

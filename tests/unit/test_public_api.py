@@ -116,6 +116,7 @@ EXPECTED = {
         "FIELDS",
         "NotificationCounts",
         "Notifier",
+        "check_url",
         "mask_url",
     ],
     "replicron.metrics": ["DURATION_BUCKETS", "LATENESS_BUCKETS", "ReplicronCollector"],
