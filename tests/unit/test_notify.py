@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from replicron import (
     AsyncScheduler,
@@ -24,6 +25,7 @@ from replicron import (
     every,
 )
 from replicron.cluster import ClusterStatus
+from replicron.metrics import NotifierCollector
 from replicron.notify import Notifier
 from replicron.testing import FakeClock
 from tests.helpers import START, Recorder
@@ -181,6 +183,12 @@ def test_a_failed_delivery_is_retried_until_it_succeeds() -> None:
     assert tries[0].json()["job"] == "etl"
     counts = notifier.counts
     assert (counts.sent, counts.failed, counts.retried, counts.dropped) == (1, 0, 2, 0)
+    registry = CollectorRegistry()
+    registry.register(NotifierCollector(notifier))
+    assert {
+        result: registry.get_sample_value("replicron_notifications_total", {"result": result})
+        for result in ("sent", "failed", "dropped", "retried")
+    } == {"sent": 1, "failed": 0, "dropped": 0, "retried": 2}
 
 
 def test_a_delivery_is_given_up_after_its_attempts_and_counted(

@@ -119,7 +119,12 @@ EXPECTED = {
         "check_url",
         "mask_url",
     ],
-    "replicron.metrics": ["DURATION_BUCKETS", "LATENESS_BUCKETS", "ReplicronCollector"],
+    "replicron.metrics": [
+        "DURATION_BUCKETS",
+        "LATENESS_BUCKETS",
+        "NotifierCollector",
+        "ReplicronCollector",
+    ],
     "replicron.postgres": [
         "BackendUnavailableError",
         "ConnectionSource",

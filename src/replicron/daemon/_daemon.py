@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,13 +17,12 @@ from replicron.cluster import ClusterStatus
 from replicron.dsn import mask_dsn
 from replicron.errors import PastInstantError, ReplicronError
 from replicron.events import Listener, RunEvent
-from replicron.notify import Notifier
 from replicron.scheduler import AsyncScheduler
 from replicron.web import status_app
 
 from ._build import JobProblem, add_job, add_jobs, update_job
 from ._http import Response, json_response, serve
-from ._notify_config import make_notifier
+from ._notify_config import Alerts
 from .config import ConfigError, DaemonConfig, SchedulerConfig, load_config
 
 __all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
@@ -149,8 +147,7 @@ class Daemon:
         self._loop_beat = time.monotonic()
         self._read_at: float | None = None  # monotonic time of the latest good cluster read
         self._read_error = "no read yet"
-        self._notifier: Notifier | None = None
-        self._detach_notifier: Callable[[], None] | None = None
+        self._alerts: Alerts | None = None
 
     async def run(self) -> int:
         settings = self.config.scheduler
@@ -172,9 +169,10 @@ class Daemon:
         for early in self._early_signals:  # came while the config was read
             self._stop_signalled(early)
         scheduler.add_listener(_RunLog())
-        self._notify(self.config)
         scheduler.watch_cluster(self._cluster_read, every=CLUSTER_EVERY)
         collector, registry = _metrics(scheduler)
+        self._alerts = Alerts(scheduler, settings.namespace, registry)
+        self._alerts.apply(self.config.notify, _pings(self.config))
         server = None
         beat = asyncio.ensure_future(self._beat())
         try:
@@ -306,8 +304,8 @@ class Daemon:
                     changed.append(job.name)
         except (JobProblem, ReplicronError) as exc:  # checked above: only a race gets here
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
-        if (new.notify, _pings(new)) != (old.notify, _pings(old)):
-            await self._renotify(new)
+        if self._alerts is not None:
+            await self._alerts.reload(new.notify, _pings(new))
         self.config = DaemonConfig(new.path, settings, new.jobs, new.notify)
         scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
@@ -316,26 +314,6 @@ class Daemon:
             _names(added), _names(changed), _names(removed), extra={"event": "reloaded"},
         )  # fmt: skip
         return True
-
-    # ---- alerts --------------------------------------------------------------------------
-
-    def _notify(self, config: DaemonConfig) -> None:
-        """Attach the notifier ``[notify]`` and the jobs' ``ping_url`` make, if any."""
-        assert self.scheduler is not None
-        namespace = self.config.scheduler.namespace  # a restart-only setting
-        self._notifier = make_notifier(config.notify, _pings(config), namespace)
-        if self._notifier is not None:
-            self._detach_notifier = self._notifier.attach(self.scheduler)
-
-    async def _renotify(self, config: DaemonConfig) -> None:
-        """A reload changed the alerts or pings: the old notifier delivers what it holds
-        (off the loop) while the new one takes over."""
-        old, detach = self._notifier, self._detach_notifier
-        if detach is not None:
-            detach()
-        self._notify(config)
-        if old is not None:
-            await asyncio.to_thread(old.close)
 
     # ---- health ------------------------------------------------------------------------
 

@@ -4,17 +4,28 @@ setting is a config problem naming the table or job and the field."""
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replicron.errors import InvalidNotifierError
 from replicron.notify import Notifier, check_url
 
 from ._values import ValueProblem, parse_duration
 
-__all__ = ["NOTIFY_KEYS", "NotifyConfig", "make_notifier", "read_notify", "read_ping_url"]
+if TYPE_CHECKING:
+    from replicron.scheduler import AsyncScheduler
+
+__all__ = [
+    "NOTIFY_KEYS",
+    "Alerts",
+    "NotifyConfig",
+    "make_notifier",
+    "read_notify",
+    "read_ping_url",
+]
 
 _DURATIONS = ("timeout", "backoff", "max_backoff", "flush_timeout", "overdue_every")
 _COUNTS = ("attempts", "max_queue", "error_chars")
@@ -100,3 +111,42 @@ def make_notifier(
         return None
     settings = {} if notify is None else dict(notify.settings)
     return Notifier(**settings, pings=dict(pings), namespace=namespace)
+
+
+class Alerts:
+    """The daemon's notifier: attached to its scheduler (and counted in its metrics'
+    registry, when the metrics extra is there), and replaced by a reload that changes it."""
+
+    def __init__(self, scheduler: AsyncScheduler, namespace: str, registry: Any) -> None:
+        self._scheduler, self._namespace, self._registry = scheduler, namespace, registry
+        self._given: tuple[NotifyConfig | None, list[tuple[str, str]]] = (None, [])
+        self._notifier: Notifier | None = None
+        self._detach: Callable[[], None] | None = None
+        self._metrics: Any = None
+
+    def apply(self, notify: NotifyConfig | None, pings: list[tuple[str, str]]) -> None:
+        self._given = (notify, pings)
+        self._notifier = make_notifier(notify, pings, self._namespace)
+        if self._notifier is None:
+            return
+        self._detach = self._notifier.attach(self._scheduler)
+        if self._registry is not None:
+            from replicron.metrics import NotifierCollector  # the metrics extra is there
+
+            self._metrics = NotifierCollector(self._notifier)
+            self._registry.register(self._metrics)
+
+    async def reload(self, notify: NotifyConfig | None, pings: list[tuple[str, str]]) -> None:
+        """The old notifier delivers what it holds (off the loop) as the new takes over."""
+        if (notify, pings) == self._given:
+            return
+        old = self._notifier
+        if self._detach is not None:
+            self._detach()
+            self._detach = None
+        if self._metrics is not None:
+            self._registry.unregister(self._metrics)
+            self._metrics = None
+        self.apply(notify, pings)
+        if old is not None:
+            await asyncio.to_thread(old.close)
