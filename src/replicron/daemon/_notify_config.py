@@ -37,7 +37,8 @@ NOTIFY_KEYS = ("url", "link", "headers", *_NAME_LISTS, *_DURATIONS, *_COUNTS)
 class NotifyConfig:
     """The ``[notify]`` table as :class:`~replicron.notify.Notifier`'s keyword arguments."""
 
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    #: Left out of ``repr``: the URL and headers hold secrets.
+    settings: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 def read_notify(

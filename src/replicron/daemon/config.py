@@ -98,7 +98,7 @@ class JobConfig:
     start_at: datetime | None = None
     stop_at: datetime | None = None
     max_runs: int | None = None
-    ping_url: str | None = None
+    ping_url: str | None = field(default=None, repr=False)  # a secret (a check's UUID)
 
 
 @dataclass(frozen=True)
