@@ -4,13 +4,20 @@ settings, and every bad value a problem naming the table or job and the field, U
 
 from __future__ import annotations
 
+import asyncio
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from replicron import AsyncScheduler, every
 from replicron.daemon import ConfigError
-from replicron.daemon._notify_config import make_notifier
+from replicron.daemon._notify_config import Alerts, NotifyConfig, make_notifier
 from replicron.daemon.config import parse_config
+from replicron.testing import FakeClock
+from tests.helpers import START
+from tests.receiver import Receiver, receiving
 from tests.unit.test_daemon_check import replicron, write
 
 GOOD = """
@@ -113,3 +120,34 @@ def test_check_reports_a_bad_notify_table(tmp_path: Path) -> None:
     good = write(tmp_path, GOOD.replace("${HOOK_TOKEN}", "x").replace("${API_TOKEN}", "y")
                  .replace("${PING_UUID}", "z"), "good.toml")  # fmt: skip
     assert replicron("check", str(good)).returncode == 0
+
+
+def test_a_reload_that_changes_the_alerts_replaces_the_notifier_and_its_metrics() -> None:
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    async def main(receiver: Receiver) -> CollectorRegistry:
+        clock = FakeClock(START)
+        scheduler = AsyncScheduler(clock=clock, replica_id="d1")
+        scheduler.add_job(every(seconds=10), broken, name="etl")
+        registry = CollectorRegistry()
+        alerts = Alerts(scheduler, "", registry)
+        first = NotifyConfig({"url": receiver.url("/one")})
+        alerts.apply(first, [])
+        await alerts.reload(NotifyConfig({"url": receiver.url("/one")}), [])  # the same: kept
+        await alerts.reload(
+            NotifyConfig({"url": receiver.url("/two")}), [("etl", receiver.url("/ping"))]
+        )
+        await scheduler.start()
+        await asyncio.to_thread(clock.wait_for_sleepers, 1)
+        clock.set(START + timedelta(seconds=10))
+        await asyncio.to_thread(receiver.wait_for, 3)
+        await scheduler.shutdown()
+        return registry
+
+    with receiving() as receiver:
+        registry = asyncio.run(main(receiver))
+        paths = sorted(r.path for r in receiver.received)
+    assert paths == ["/ping/fail", "/ping/start", "/two"]
+    sent = registry.get_sample_value("replicron_notifications_total", {"result": "sent"})
+    assert sent == 3  # the new notifier's: the old one's series went with it
