@@ -197,6 +197,11 @@ class Delivery:
     call: Callable[[dict[str, Any]], object] | None = field(compare=False, default=None)
     payload: dict[str, Any] = field(compare=False, default_factory=dict)
     attempt: int = field(compare=False, default=1)
+    #: What a log record about it carries: the job, tick, replica and run it is about.
+    context: dict[str, object] = field(compare=False, default_factory=dict)
+
+    def extra(self, event: str) -> dict[str, object]:
+        return {"event": event, **self.context}
 
 
 @dataclass
@@ -259,7 +264,7 @@ class Courier:
         if dropped is not None:
             self._logger.warning(
                 "notifier queue full (%d messages): dropped the oldest, %s",
-                self._max_queue, dropped.label, extra={"event": "notify_dropped"},
+                self._max_queue, dropped.label, extra=dropped.extra("notify_dropped"),
             )  # fmt: skip
 
     def _make_room(self) -> Delivery | None:
@@ -343,13 +348,14 @@ class Courier:
             if final:
                 self._logger.warning(
                     "notification %s not delivered after %d attempts: %s",
-                    delivery.label, delivery.attempt, reason, extra={"event": "notify_failed"},
+                    delivery.label, delivery.attempt, reason,
+                    extra=delivery.extra("notify_failed"),
                 )  # fmt: skip
             else:
                 self._logger.info(
                     "notification %s failed (attempt %d of %d), retrying: %s",
                     delivery.label, delivery.attempt - 1, self._attempts, reason,
-                    extra={"event": "notify_retry"},
+                    extra=delivery.extra("notify_retry"),
                 )  # fmt: skip
             return
         with self._cond:

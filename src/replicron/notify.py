@@ -290,6 +290,7 @@ class Notifier(Listener):
                 url=ping_url(base, suffix),
                 body=body,
                 content_type="text/plain; charset=utf-8",
+                context=self._context(event.job, event.scheduled_at.isoformat(), event.run_id),
             )
         )
 
@@ -320,6 +321,7 @@ class Notifier(Listener):
         )
 
     def _send(self, payload: dict[str, Any], text: str) -> None:
+        job, tick, run_id = payload["job"], payload["tick"], payload["run_id"]
         if self._link is not None:
             values = {name: quote(str(payload.get(name) or ""), safe="") for name in LINK_FIELDS}
             payload["link"] = self._link.format(**values)
@@ -329,17 +331,22 @@ class Notifier(Listener):
         payload["text"] = text
         payload = {name: value for name, value in payload.items() if name in self._fields}
         label = f"alert {payload.get('event', '')} of job {payload.get('job', '')!r}"
+        context = self._context(job, tick, run_id)
         if self._call is not None:
             self._courier.put(Delivery(label=f"{label} to {self._call!r}", call=self._call,
-                                       payload=payload))  # fmt: skip
+                                       payload=payload, context=context))  # fmt: skip
         elif self._url is not None:
             self._courier.put(
                 Delivery(
                     label=f"{label} to {mask_url(self._url)}",
                     url=self._url,
                     body=json.dumps(payload, default=str).encode(),
+                    context=context,
                 )
             )
+
+    def _context(self, job: str, tick: str, run_id: int | None) -> dict[str, object]:
+        return {"job": job, "tick": tick, "replica": self._replica_id, "run_id": run_id}
 
     # ---- overdue ------------------------------------------------------------------------
 
