@@ -211,8 +211,8 @@ def test_a_delivery_is_given_up_after_its_attempts_and_counted(
     assert len(given_up) == 2
     assert "not delivered after 3 attempts: OSError: HTTP 500" in given_up[0]
     assert "HTTP 403" in given_up[1]
-    record = next(r for r in caplog.records if r.levelno == logging.WARNING)
-    assert (record.event, record.job, record.tick, record.run_id) == (
+    record = vars(next(r for r in caplog.records if r.levelno == logging.WARNING))
+    assert (record["event"], record["job"], record["tick"], record["run_id"]) == (
         "notify_failed", "etl", T1.isoformat(), 7,
     )  # fmt: skip
 
