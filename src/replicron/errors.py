@@ -18,6 +18,7 @@ __all__ = [
     "InvalidJobArgumentsError",
     "InvalidJobNameError",
     "InvalidJobOptionError",
+    "InvalidNotifierError",
     "InvalidTimeOfDayError",
     "InvalidTimezoneError",
     "JobNotFoundError",
@@ -127,6 +128,12 @@ class NaiveDatetimeError(ReplicronError, TypeError):
 
 class InvalidJobOptionError(ConfigurationError):
     """A job or scheduler option has a value it cannot take (overlap policy, timeout ...)."""
+
+
+class InvalidNotifierError(ConfigurationError):
+    """A notifier setting cannot work: a URL that is not http(s), an unknown event name, a
+    bad number. The message names the field (and the job, for a job's ping URL), never a
+    URL's secret parts."""
 
 
 class InvalidJobArgumentsError(ReplicronError, TypeError):

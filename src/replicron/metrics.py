@@ -84,9 +84,10 @@ from .backends.base import ServerChanges
 from .cluster import ClusterStatus
 from .errors import ConfigurationError
 from .events import Listener, Outcome, RunEvent
+from .notify import Notifier
 from .scheduler import AsyncScheduler, Scheduler
 
-__all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "ReplicronCollector"]
+__all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "NotifierCollector", "ReplicronCollector"]
 
 #: Run durations, from quick HTTP pings to nightly batches.
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -381,6 +382,34 @@ class ReplicronCollector:
                 "Times the database server changed under this replica (a failover).",
             ),
         )
+
+
+class NotifierCollector:
+    """``replicron_notifications_total{result}`` of a :class:`~replicron.notify.Notifier`:
+    messages ``sent``, ``failed`` (every attempt), ``dropped`` (a full queue, or left at
+    shutdown) and ``retried``. Register it next to the :class:`ReplicronCollector`."""
+
+    def __init__(self, notifier: Notifier) -> None:
+        self._notifier = notifier
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family, counts = self._family(), self._notifier.counts
+        for result, count in (
+            ("sent", counts.sent), ("failed", counts.failed),
+            ("dropped", counts.dropped), ("retried", counts.retried),
+        ):  # fmt: skip
+            family.add_metric([result], count)
+        return [family]
+
+    @staticmethod
+    def _family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "replicron_notifications", "Alerts and pings by what became of them",
+            labels=["result"],
+        )  # fmt: skip
 
 
 def _check_buckets(what: str, buckets: Sequence[float]) -> tuple[float, ...]:

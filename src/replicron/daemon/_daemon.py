@@ -22,6 +22,7 @@ from replicron.web import status_app
 
 from ._build import JobProblem, add_job, add_jobs, update_job
 from ._http import Response, json_response, serve
+from ._notify_config import Alerts
 from .config import ConfigError, DaemonConfig, SchedulerConfig, load_config
 
 __all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
@@ -146,6 +147,7 @@ class Daemon:
         self._loop_beat = time.monotonic()
         self._read_at: float | None = None  # monotonic time of the latest good cluster read
         self._read_error = "no read yet"
+        self._alerts: Alerts | None = None
 
     async def run(self) -> int:
         settings = self.config.scheduler
@@ -169,6 +171,8 @@ class Daemon:
         scheduler.add_listener(_RunLog())
         scheduler.watch_cluster(self._cluster_read, every=CLUSTER_EVERY)
         collector, registry = _metrics(scheduler)
+        self._alerts = Alerts(scheduler, settings.namespace, registry)
+        self._alerts.apply(self.config.notify, _pings(self.config))
         server = None
         beat = asyncio.ensure_future(self._beat())
         try:
@@ -301,7 +305,9 @@ class Daemon:
                     changed.append(job.name)
         except (JobProblem, ReplicronError) as exc:  # checked above: only a race gets here
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
-        self.config = DaemonConfig(new.path, settings, new.jobs)
+        if self._alerts is not None:
+            await self._alerts.reload(new.notify, _pings(new))
+        self.config = DaemonConfig(new.path, settings, new.jobs, new.notify)
         scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
         logger.info(
@@ -404,6 +410,10 @@ def _metrics(scheduler: AsyncScheduler) -> tuple[Any, Any]:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return collector, registry
+
+
+def _pings(config: DaemonConfig) -> list[tuple[str, str]]:
+    return [(job.name, job.ping_url) for job in config.jobs if job.ping_url is not None]
 
 
 def _names(names: list[str]) -> str:

@@ -7,7 +7,14 @@ import re
 from collections.abc import Mapping
 from datetime import date, datetime, time, timedelta
 
-__all__ = ["ValueProblem", "expand", "parse_duration", "parse_http", "parse_instant"]
+__all__ = [
+    "ValueProblem",
+    "expand",
+    "parse_command",
+    "parse_duration",
+    "parse_http",
+    "parse_instant",
+]
 
 
 class ValueProblem(ValueError):
@@ -116,3 +123,25 @@ def parse_http(value: object) -> tuple[str, int]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueProblem(f'{value!r} needs a port from 1 to 65535, such as "127.0.0.1:9464"')
     return host, int(port)
+
+
+def parse_command(value: object, shell: bool) -> tuple[str, ...]:
+    """A command job's ``command``: a list of arguments, or with ``shell`` one script."""
+    if shell:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueProblem("with shell = true, must be one string of shell script")
+        if "\0" in value:
+            raise ValueProblem("the script holds a NUL character")
+        return (value,)
+    if isinstance(value, str):
+        raise ValueProblem(
+            f"must be a list of arguments such as {value.split()!r} (no shell parses it), "
+            "or set shell = true to have /bin/sh run the string"
+        )
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
+        raise ValueProblem(f"must be a non-empty list of strings, not {value!r}")
+    if not value[0]:
+        raise ValueProblem("its first item, the program, is empty")
+    if any("\0" in item for item in value):
+        raise ValueProblem("an argument holds a NUL character, which no program can receive")
+    return tuple(value)

@@ -16,7 +16,15 @@ from typing import Any
 from replicron.errors import ConfigurationError
 from replicron.keys import check_job_name
 
-from ._values import ValueProblem, expand, parse_duration, parse_http, parse_instant
+from ._notify_config import NotifyConfig, read_notify, read_ping_url
+from ._values import (
+    ValueProblem,
+    expand,
+    parse_command,
+    parse_duration,
+    parse_http,
+    parse_instant,
+)
 
 __all__ = [
     "TRIGGER_KEYS",
@@ -90,6 +98,7 @@ class JobConfig:
     start_at: datetime | None = None
     stop_at: datetime | None = None
     max_runs: int | None = None
+    ping_url: str | None = field(default=None, repr=False)  # a secret (a check's UUID)
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,7 @@ class DaemonConfig:
     path: str
     scheduler: SchedulerConfig
     jobs: tuple[JobConfig, ...] = field(default=())
+    notify: NotifyConfig | None = None
 
 
 #: Worker threads for ``call`` jobs at most (each is a thread, made when the daemon starts).
@@ -107,7 +117,7 @@ TRIGGER_KEYS = ("cron", "every", "between", "daily", "weekly", "monthly", "once"
 _JOB_KEYS = (
     "name", *TRIGGER_KEYS, "seconds", "at", "tz", "jitter", "command", "shell", "call", "args",
     "kwargs", "env", "cwd", "timeout", "kill_grace", "overlap", "catch_up", "misfire_grace",
-    "tags", "start_at", "stop_at", "max_runs",
+    "tags", "start_at", "stop_at", "max_runs", "ping_url",
 )  # fmt: skip
 _SCHEDULER_KEYS = tuple(f for f in SchedulerConfig.__dataclass_fields__)
 #: The options that only some triggers use: elsewhere they would be silently ignored.
@@ -117,6 +127,7 @@ _USED_BY = {
     "tz": ("cron", "daily", "weekly", "monthly"),
     "jitter": ("every",),
 }
+_TABLES = ("scheduler", "job", "notify")
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 #: Options of the other kind of task, refused rather than ignored.
@@ -159,9 +170,10 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
     problems: list[str] = []
     reader = _Reader(path, environ, problems)
     for key in document:
-        if key not in ("scheduler", "job"):
-            problems.append(f"{path}: unknown table [{key!r}]{_suggest(key, ('scheduler', 'job'))}")
+        if key not in _TABLES:
+            problems.append(f"{path}: unknown table [{key!r}]{_suggest(key, _TABLES)}")
     scheduler = reader.scheduler(document.get("scheduler", {}))
+    notify = read_notify(document.get("notify"), f"{path}: [notify]", reader.expanded, problems)
     raw_jobs = document.get("job", [])
     jobs: list[JobConfig] = []
     if not isinstance(raw_jobs, list):
@@ -178,8 +190,8 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
         seen.add(job.name)
         jobs.append(job)
     if problems:
-        raise ConfigError(problems, DaemonConfig(path, scheduler, tuple(jobs)))
-    return DaemonConfig(path, scheduler, tuple(jobs))
+        raise ConfigError(problems, DaemonConfig(path, scheduler, tuple(jobs), notify))
+    return DaemonConfig(path, scheduler, tuple(jobs), notify)
 
 
 def _suggest(key: str, known: tuple[str, ...]) -> str:
@@ -222,7 +234,7 @@ class _Reader:
                 continue
             try:
                 # An environment variable's value is the value: not expanded again.
-                value = value if key in given else self._expanded(value)
+                value = value if key in given else self.expanded(value)
                 values[key] = self._scheduler_value(key, value, key in given)
             except ValueProblem as exc:
                 self.problems.append(f"{label}: {exc}")
@@ -318,7 +330,7 @@ class _Reader:
                         f"{triggers[0]} (remove it)"
                     )
             try:
-                values["schedule"] = self._expanded(raw[triggers[0]])
+                values["schedule"] = self.expanded(raw[triggers[0]])
             except ValueProblem as exc:
                 self.problems.append(f"{where}: {triggers[0]}: {exc}")
         task = [key for key in ("command", "call") if key in raw]
@@ -342,7 +354,7 @@ class _Reader:
                 # A shell script is left for the shell to expand, as data: pasted into its
                 # text, a value could change what the script does.
                 shell_text = key == "command" and raw.get("shell") is True
-                expanded = value if shell_text else self._expanded(value)
+                expanded = value if shell_text else self.expanded(value)
                 values[key] = self._job_value(key, expanded, raw)
             except ValueProblem as exc:
                 self.problems.append(f"{label}: {exc}")
@@ -357,6 +369,8 @@ class _Reader:
             return parse_duration(value, allow_zero=True)
         if key in ("start_at", "stop_at"):
             return parse_instant(value)
+        if key == "ping_url":
+            return read_ping_url(value)
         if key in ("seconds", "shell"):
             if not isinstance(value, bool):
                 raise ValueProblem(f"must be true or false, not {value!r}")
@@ -366,7 +380,7 @@ class _Reader:
                 raise ValueProblem(f"must be a whole number of at least 1, not {value!r}")
             return value
         if key == "command":
-            return self._command(value, raw.get("shell") is True)
+            return parse_command(value, raw.get("shell") is True)
         if key == "call":
             text = _string(value)
             module, colon, attribute = text.partition(":")
@@ -409,35 +423,14 @@ class _Reader:
             )
         return text
 
-    @staticmethod
-    def _command(value: object, shell: bool) -> tuple[str, ...]:
-        if shell:
-            if not isinstance(value, str) or not value.strip():
-                raise ValueProblem("with shell = true, must be one string of shell script")
-            if "\0" in value:
-                raise ValueProblem("the script holds a NUL character")
-            return (value,)
-        if isinstance(value, str):
-            raise ValueProblem(
-                f"must be a list of arguments such as {value.split()!r} (no shell parses it), "
-                "or set shell = true to have /bin/sh run the string"
-            )
-        if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
-            raise ValueProblem(f"must be a non-empty list of strings, not {value!r}")
-        if not value[0]:
-            raise ValueProblem("its first item, the program, is empty")
-        if any("\0" in item for item in value):
-            raise ValueProblem("an argument holds a NUL character, which no program can receive")
-        return tuple(value)
-
-    def _expanded(self, value: object) -> object:
+    def expanded(self, value: object) -> object:
         """``value`` with ``${VAR}`` expanded in every string inside it."""
         if isinstance(value, str):
             return expand(value, self.environ)
         if isinstance(value, list):
-            return [self._expanded(item) for item in value]
+            return [self.expanded(item) for item in value]
         if isinstance(value, dict):
-            return {k: self._expanded(v) for k, v in value.items()}
+            return {k: self.expanded(v) for k, v in value.items()}
         return value
 
 

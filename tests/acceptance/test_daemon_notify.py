@@ -1,0 +1,65 @@
+"""The daemon's ``[notify]`` table and a job's ``ping_url``, end to end: a real ``replicron
+run`` process, a command job that fails, and a real HTTP server that receives one alert and
+the job's pings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests._harness.daemons import Daemons, config_text, toml
+from tests._harness.reporting import report_on_failure
+from tests.receiver import Receiver, receiving
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
+    host = Daemons(tmp_path)
+    report_on_failure(request, "daemon logs", host.logs)
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with receiving() as server:
+        yield server
+
+
+def test_a_failing_command_job_posts_one_alert_and_pings_start_then_fail(
+    daemons: Daemons, receiver: Receiver
+) -> None:
+    token = "hook-SECRET-token"
+    job = {
+        "name": "broken",
+        "every": "1s",
+        "max_runs": 1,
+        "command": ["sh", "-c", "echo 'disk full' >&2; exit 3"],
+        "ping_url": receiver.url("/ping/0f1e-uuid"),
+    }
+    settings = {"state_dir": str(daemons.workdir / "state"), "replica_id": "d1"}
+    notify = {"url": receiver.url(f"/services/{token}"), "backoff": "100ms"}
+    text = config_text(settings, [job])
+    text += "\n[notify]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in notify.items())
+    daemon = daemons.start("d1", text)
+    daemon.wait_log("started replica d1 with 1 jobs", 30)
+    received = receiver.wait_for(3, 30)
+    code, _ = daemon.stop(20)
+    assert code == 0, daemon.log()
+    assert len(receiver.received) == 3
+    alerts = [r for r in received if r.path.startswith("/services/")]
+    pings = [r.path for r in received if r.path.startswith("/ping/")]
+    assert pings == ["/ping/0f1e-uuid/start", "/ping/0f1e-uuid/fail"]
+    [alert] = alerts
+    body = alert.json()
+    assert (body["event"], body["job"], body["replica"]) == ("failed", "broken", "d1")
+    assert body["error"].startswith("CommandFailed: exit status 3"), body
+    assert body["text"].startswith("replicron: job 'broken' failed (tick ")
+    assert token not in daemon.log()
+    assert "0f1e-uuid" not in daemon.log()
