@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,7 +37,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests._harness.daemons import Daemons as DaemonProcesses
 from tests._harness.daemons import config_text
 from tests._harness.processes import Child, clean_env, process_start
-from tests._harness.reporting import report_on_failure
 from tests.helpers import embedded_rows, poll_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -195,13 +194,9 @@ class Daemons(DaemonProcesses):
 
 
 @pytest.fixture
-def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
-    host = Daemons(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
-        yield host
-    finally:
-        host.close()
+def daemon_host() -> type[DaemonProcesses]:
+    """The ``daemons`` fixture (conftest.py) of this module is a host with more helpers."""
+    return Daemons
 
 
 def stop_cleanly(daemon: Child, timeout: float = 20.0) -> float:

@@ -5,25 +5,13 @@ the job's pings."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests._harness.daemons import Daemons, config_text, toml
-from tests._harness.reporting import report_on_failure
 from tests.receiver import Receiver, receiving
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
-    host = Daemons(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
-        yield host
-    finally:
-        host.close()
 
 
 @pytest.fixture

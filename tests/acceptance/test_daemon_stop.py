@@ -14,7 +14,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ import psycopg
 import pytest
 
 from tests._harness.daemons import Daemons, config_text
-from tests._harness.reporting import report_on_failure
 from tests.helpers import embedded_rows, poll_until
 
 pytestmark = [
@@ -35,16 +34,6 @@ SCRIPT = Path(__file__).resolve().parent / "daemon_scripts" / "stop_aware.py"
 STOP_TIMEOUT, KILL_GRACE = 3.0, 1.0
 TERM_AT = STOP_TIMEOUT - KILL_GRACE  # seconds after the daemon's SIGTERM
 JOBS = ("trap", "ignore")
-
-
-@pytest.fixture
-def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
-    host = Daemons(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
-        yield host
-    finally:
-        host.close()
 
 
 def events(path: Path) -> dict[str, dict[str, Any]]:
