@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from ._schedule.tz import UTC, resolve_zone
-from .backends.base import ClusterRegistry, NamespacedRegistry
+from .backends.base import ClusterRegistry, NamespacedRegistry, RunRequests
 from .cluster import ClusterStatus
 from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
@@ -75,6 +75,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ("pause", "pause a job on every replica: its ticks are recorded paused, none runs"),
         ("resume", "resume a paused job from its next tick (paused ticks are not replayed)"),
         ("forget", "expect a job dropped from the code no more (its runs stay in the ledger)"),
+        ("run-now", "run a job once now on whichever replica that schedules it sees it first"),
     ):
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
         command.add_argument("job", help="the job's name")
@@ -226,6 +227,21 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run_now(args: argparse.Namespace) -> int:
+    by = f"replicron-cli@{socket.gethostname()}"
+
+    async def request(backend: ClusterRegistry) -> datetime:
+        assert isinstance(backend, RunRequests)  # both shared backends keep them
+        return await backend.request_run(args.job, by)
+
+    at = _ask(args, request)
+    print(
+        f"asked for a run of {args.job!r} at {at.astimezone(UTC).isoformat()}: the first "
+        "replica that schedules it runs it once, within seconds"
+    )
+    return 0
+
+
 def _cmd_forget(args: argparse.Namespace) -> int:
     gone, live = _ask(args, lambda backend: backend.forget(args.job))
     if live:
@@ -306,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pause": _cmd_pause,
         "resume": _cmd_resume,
         "forget": _cmd_forget,
+        "run-now": _cmd_run_now,
         "demo": _cmd_demo,
         "run": _cmd_run,
         "check": _cmd_check,
