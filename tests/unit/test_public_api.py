@@ -83,6 +83,7 @@ EXPECTED = {
         "MemoryState",
         "Release",
         "RunRecord",
+        "RunRequests",
     ],
     "replicron.backends.embedded": ["EmbeddedBackend", "LEDGER_NAME", "LOCKS_DIR"],
     "replicron.events": ["Listener", "Outcome", "RunEvent"],
