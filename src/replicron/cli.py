@@ -18,7 +18,7 @@ from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
 
-__all__ = ["main"]
+__all__ = ["main", "run_cluster_command"]
 
 _T = TypeVar("_T")
 
@@ -38,6 +38,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "manage its database, try it out.",
     )
     parser.add_argument("--version", action="version", version=f"replicron {__version__}")
+    parser.set_defaults(given=None)  # a backend built by the caller (run_cluster_command)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     nxt = commands.add_parser(
         "next",
@@ -145,6 +146,8 @@ def _backend(args: argparse.Namespace) -> tuple[ClusterRegistry, str]:
     """The shared backend the arguments (else the environment) name, and where it keeps its
     state (a masked DSN, or the state directory); never opened: its cluster methods use a
     connection of their own."""
+    if args.given is not None:
+        return args.given  # type: ignore[no-any-return]
     url, state_dir = args.database_url, args.state_dir
     if args.config:
         if url or state_dir:
@@ -313,8 +316,23 @@ def _cmd_next(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_cluster_command(argv: Sequence[str], backend: ClusterRegistry, where: str) -> int:
+    """``replicron status|pause|resume|forget|run-now ...`` (``argv`` without the program)
+    on a backend the caller built, e.g. from a Django project's settings: the same words,
+    output and exit statuses. ``where`` names it in messages (never with a password)."""
+    if not argv or argv[0] not in _CLUSTER_COMMANDS:
+        raise ValueError(f"not one of {', '.join(_CLUSTER_COMMANDS)}: {list(argv)!r}")
+    return main(argv, given=(backend, where))
+
+
+_CLUSTER_COMMANDS = ("status", "pause", "resume", "forget", "run-now")
+
+
+def main(
+    argv: Sequence[str] | None = None, *, given: tuple[ClusterRegistry, str] | None = None
+) -> int:
     args = _build_parser().parse_args(argv)
+    args.given = given
     commands = {
         "next": _cmd_next,
         "migrate": _cmd_migrate,
