@@ -46,7 +46,7 @@ def test_migrate_makes_replicrons_tables_and_check_tells_a_broken_job(project: P
     assert (
         ok.stdout.splitlines()[0] == "heartbeat: every(timedelta(seconds=1)).for_job('heartbeat')"
     )
-    assert ok.stdout.splitlines()[-1] == "OK: 2 jobs, backend postgres"
+    assert lines[-1] == "OK: 2 jobs, backend postgres"
 
     broken = project.manage("replicron", "check", EXAMPLE_BROKEN_JOB="1")
     assert broken.returncode == 2
@@ -109,7 +109,8 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
         for path, page in pages.items():
             assert page["status"] == 200, path
         jobs = pages["/admin/replicron/registeredjob/"]["text"]
-        assert "heartbeat" in jobs and "nightly-cleanup" in jobs
+        assert "heartbeat" in jobs
+        assert "nightly-cleanup" in jobs
         assert "every(timedelta(seconds=1))" in jobs
         assert "Run the selected jobs once now" in jobs
         assert "Add job" not in jobs  # read-only
@@ -147,7 +148,8 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
         ended = stop(replicas)
     for code, err in ended:
         assert code == 0, err
-        assert "SIGTERM: stopping" in err and err.rstrip().endswith("stopped"), err
+        assert "SIGTERM: stopping" in err, err
+        assert err.rstrip().endswith("stopped"), err
 
     rows = ledger(project)
     ticks = Counter((job, at) for job, at, *_ in rows)
