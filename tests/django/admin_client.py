@@ -26,7 +26,7 @@ def main(argv: list[str]) -> dict[str, object]:
     client.force_login(user)
     if argv[0] == "pages":
         run_id, replica = argv[1], argv[2]
-        seen = {}
+        seen: dict[str, object] = {}
         for path in (
             f"{BASE}/registeredjob/", f"{BASE}/registeredjob/heartbeat/change/",
             f"{BASE}/run/", f"{BASE}/run/{run_id}/change/",

@@ -43,9 +43,8 @@ def test_migrate_makes_replicrons_tables_and_check_tells_a_broken_job(project: P
 
     ok = project.manage("replicron", "check")
     assert ok.returncode == 0, ok.stderr
-    assert (
-        ok.stdout.splitlines()[0] == "heartbeat: every(timedelta(seconds=1)).for_job('heartbeat')"
-    )
+    lines = ok.stdout.splitlines()
+    assert lines[0] == "heartbeat: every(timedelta(seconds=1)).for_job('heartbeat')"
     assert lines[-1] == "OK: 2 jobs, backend postgres"
 
     broken = project.manage("replicron", "check", EXAMPLE_BROKEN_JOB="1")
