@@ -35,6 +35,8 @@ def main(argv: list[str]) -> dict[str, object]:
             response = client.get(path)
             seen[path] = {"status": response.status_code, "text": response.content.decode()}
         return seen
+    if argv[0] == "get":  # one request, as a web process serves it
+        return {"status": client.get(argv[1]).status_code}
     if argv[0] == "action":
         name, job = argv[1], argv[2]
         response = client.post(
