@@ -62,7 +62,7 @@ def test_management_commands_never_start_it_a_serving_process_does(project: Proj
     assert replicas(project) == []  # neither migrate nor a request under shell started it
 
     assert project.admin("get", "/admin/") == {"status": 200}
-    [(replica, stopped)] = replicas(project)
+    [(_, stopped)] = replicas(project)
     assert stopped  # started by the request, stopped as the process exited
 
 
