@@ -185,7 +185,7 @@ def test_core_imports_nothing_heavy() -> None:
     import subprocess
     import sys
 
-    heavy = "{'psycopg', 'prometheus_client', 'asyncpg'}"
+    heavy = "{'psycopg', 'prometheus_client', 'asyncpg', 'django'}"
     code = (
         "import replicron, sys; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy}))"

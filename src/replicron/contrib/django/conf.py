@@ -149,15 +149,18 @@ def make_backend(settings: ReplicronSettings, *, migrate: bool = True) -> Backen
     """The backend the settings name, not opened. ``migrate``: the PostgreSQL backend applies
     replicron's migrations as it opens (``manage.py migrate`` does too)."""
     options = dict(settings.backend_options)
-    if settings.backend == "memory":
-        return MemoryBackend(**options)
-    if settings.backend == "embedded":
-        assert settings.state_dir is not None
-        return EmbeddedBackend(settings.state_dir, **options)
-    from replicron.postgres import PostgresBackend
+    try:
+        if settings.backend == "memory":
+            return MemoryBackend(**options)
+        if settings.backend == "embedded":
+            assert settings.state_dir is not None
+            return EmbeddedBackend(settings.state_dir, **options)
+        from replicron.postgres import PostgresBackend
 
-    options.setdefault("migrate", migrate)
-    return PostgresBackend(
-        conninfo_of_alias(settings.database), namespace=settings.namespace,
-        coordination=settings.coordination, **options,
-    )  # fmt: skip
+        options.setdefault("migrate", migrate)
+        return PostgresBackend(
+            conninfo_of_alias(settings.database), namespace=settings.namespace,
+            coordination=settings.coordination, **options,
+        )  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise _problem("backend_options", str(exc)) from exc

@@ -102,8 +102,9 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
     """A scheduler with the project's backend, options and jobs, not started. A job that
     cannot be added raises ``ImproperlyConfigured`` naming it and where it was declared."""
     options: dict[str, Any] = {"timezone": settings.timezone, **settings.scheduler, **overrides}
+    backend = make_backend(settings)
     try:
-        scheduler = Scheduler(backend=make_backend(settings), **options)
+        scheduler = Scheduler(backend=backend, **options)
     except (TypeError, ValueError) as exc:
         raise ImproperlyConfigured(f"settings.REPLICRON['scheduler']: {exc}") from exc
     for declared in declared_jobs(settings):
