@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from mysite.settings import *  # noqa: F403
-from mysite.settings import REPLICRON as _EXAMPLE
+from mysite.settings import *  # type: ignore[import-not-found]  # noqa: F403
+from mysite.settings import REPLICRON as _EXAMPLE  # type: ignore[import-not-found]
 
 REPLICRON = {**_EXAMPLE, **json.loads(os.environ.get("REPLICRON_OVERRIDE", "{}"))}
 if os.environ.get("SQLITE_DATABASE"):

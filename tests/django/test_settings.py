@@ -7,6 +7,7 @@ import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_a_database_that_is_not_postgresql_is_refused_unless_embedded(
     assert replica.returncode == 0, err
 
 
-def _rows(path: str, query: str) -> list[tuple[object, ...]]:
+def _rows(path: str, query: str) -> list[tuple[Any, ...]]:
     import sqlite3
 
     conn = sqlite3.connect(path, timeout=10)
