@@ -8,7 +8,7 @@ import json
 import os
 
 from mysite.settings import *  # type: ignore[import-not-found]  # noqa: F403
-from mysite.settings import REPLICRON as _EXAMPLE  # type: ignore[import-not-found]
+from mysite.settings import REPLICRON as _EXAMPLE
 
 REPLICRON = {**_EXAMPLE, **json.loads(os.environ.get("REPLICRON_OVERRIDE", "{}"))}
 if os.environ.get("SQLITE_DATABASE"):
