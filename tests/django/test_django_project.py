@@ -168,3 +168,35 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
         " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     ) == [(0,)]
+
+
+def open_job_connections(project: Project) -> int:
+    """Server sessions whose latest statement was the heartbeat job's INSERT."""
+    [(count,)] = project.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'idle' AND query LIKE 'INSERT INTO \"reports_beat\"%%'"
+    )
+    return int(count)
+
+
+def test_a_job_never_keeps_a_connection_past_its_run(project: Project) -> None:
+    """As Django's request cycle does (CONN_MAX_AGE 0 here): each run's connection is closed
+    when it ends, so a connection the server or a proxy dropped meanwhile is never reused."""
+    migrated(project)
+    replica = project.start("replicron", "run")
+    try:
+        started = database_now(project)
+        poll_until("five heartbeats", lambda: rows_after(project, "succeeded", started) >= 5, 60)
+        assert open_job_connections(project) == 0
+        project.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name NOT LIKE 'replicron%%'"
+            " AND pid <> pg_backend_pid()"
+        )
+        dropped = database_now(project)
+        poll_until("three more", lambda: rows_after(project, "succeeded", dropped) >= 3, 60)
+        assert rows_after(project, "failed", started) == 0
+    finally:
+        replica.send_signal(signal.SIGTERM)
+        _, err = replica.communicate(timeout=60)
+    assert replica.returncode == 0, err
