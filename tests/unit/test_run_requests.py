@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Scheduler, every
@@ -75,3 +76,36 @@ def test_old_requests_are_dropped_and_not_run(tmp_path: Path) -> None:
     conn.close()
     assert count == 1
     assert ran == [1, 2]  # the old request was not run again
+
+
+class StaleReads(EmbeddedBackend):
+    """Reads the requests as a replica whose read raced another's claim: still pending."""
+
+    def __init__(self, state_dir: Path, stale: list[tuple[str, datetime]]) -> None:
+        super().__init__(state_dir)
+        self.stale, self.polls = stale, 0
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        self.polls += 1
+        return list(self.stale)
+
+
+def test_a_request_another_replica_ran_is_done_not_asked_again(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    ran: list[str] = []
+    first = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="node-1")
+    first.add_job(every(hours=1), lambda: ran.append("node-1"), name="report")
+    with first:
+        asyncio.run(EmbeddedBackend(tmp_path).request_run("report", "test"))
+        poll_until("the run asked for", lambda: len(ran) >= 1, timeout=30)
+    conn = sqlite3.connect(tmp_path / LEDGER_NAME)
+    [(requested,)] = conn.execute("SELECT requested_at FROM replicron_run_requests").fetchall()
+    conn.close()
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=requested)
+    stale = StaleReads(tmp_path, [("report", at)])
+    late = Scheduler(clock=clock, backend=stale, replica_id="node-2")
+    late.add_job(every(hours=1), lambda: ran.append("node-2"), name="report")
+    with late:  # its claim finds the run recorded: the request is done
+        poll_until("three polls", lambda: stale.polls >= 3, timeout=30)
+    assert ran == ["node-1"]
+    assert [row["manual"] for row in embedded_rows(tmp_path, "report")] == [1]
