@@ -4,36 +4,21 @@ replicas poll for the request, one runs it, the ledger holds one manual row."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
-from replicron import Scheduler, every
 from replicron.errors import JobNotFoundError
 from replicron.postgres import CoordinationMode, PostgresBackend
-from replicron.testing import FakeClock
-from tests.helpers import poll_until, run_cli, z
+from tests.helpers import poll_until, run_cli
 from tests.postgres.test_postgres_backend import sql
+from tests.unit.test_run_requests import replicas_of_report
 
 
 @pytest.mark.parametrize("mode", ["advisory", "lease"])
 def test_a_run_asked_for_runs_once_across_replicas(dsn: str, mode: CoordinationMode) -> None:
-    clock = FakeClock(z(2026, 1, 1))
-    ran: list[str] = []
-    lock = threading.Lock()
-    replicas = []
-    for n in (1, 2):
-        backend = PostgresBackend(dsn, namespace="app/", coordination=mode)
-        s = Scheduler(clock=clock, backend=backend, replica_id=f"node-{n}")
-
-        def report(replica: str = f"node-{n}") -> None:
-            with lock:
-                ran.append(replica)
-
-        s.add_job(every(hours=1), report, name="report")
-        replicas.append(s)
-    for s in replicas:
-        s.start()
+    replicas, ran = replicas_of_report(
+        [PostgresBackend(dsn, namespace="app/", coordination=mode) for _ in (1, 2)]
+    )
     try:
         outsider = PostgresBackend(dsn, namespace="app/", migrate=False)
         with pytest.raises(JobNotFoundError, match="'nope' in namespace 'app/'"):

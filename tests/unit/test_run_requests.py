@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Scheduler, every
+from replicron.backends.base import Backend
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.testing import FakeClock
 from tests.helpers import embedded_rows, poll_until, run_cli, z
@@ -18,13 +19,15 @@ from tests.helpers import embedded_rows, poll_until, run_cli, z
 START = z(2026, 1, 1)
 
 
-def test_a_run_asked_for_runs_once_on_one_of_two_replicas(tmp_path: Path) -> None:
+def replicas_of_report(backends: list[Backend]) -> tuple[list[Scheduler], list[str]]:
+    """Started schedulers, one per backend, each with the hourly job "report", and the
+    replicas that ran it, in order."""
     clock = FakeClock(START)
     ran: list[str] = []
     lock = threading.Lock()
     replicas = []
-    for n in (1, 2):
-        s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path), replica_id=f"node-{n}")
+    for n, backend in enumerate(backends, 1):
+        s = Scheduler(clock=clock, backend=backend, replica_id=f"node-{n}")
 
         def report(replica: str = f"node-{n}") -> None:
             with lock:
@@ -34,6 +37,11 @@ def test_a_run_asked_for_runs_once_on_one_of_two_replicas(tmp_path: Path) -> Non
         replicas.append(s)
     for s in replicas:
         s.start()
+    return replicas, ran
+
+
+def test_a_run_asked_for_runs_once_on_one_of_two_replicas(tmp_path: Path) -> None:
+    replicas, ran = replicas_of_report([EmbeddedBackend(tmp_path), EmbeddedBackend(tmp_path)])
     try:
         unknown = run_cli("run-now", "nope", "--state-dir", str(tmp_path))
         assert unknown.returncode == 2
