@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from replicron.postgres.migrate import migrate  # noqa: F401  (the migrations the app wraps)
 from tests.django.project import Project, fresh_project
 from tests.helpers import poll_until
 
