@@ -107,6 +107,7 @@ def test_the_password_never_shows(project: Project) -> None:
     assert "s3cret-pw" not in unmigrated.stdout + unmigrated.stderr
     unreachable = url.replace("127.0.0.1", "127.0.0.1", 1).rsplit("/", 1)[0] + "/no_such_db"
     failed = project.manage("replicron", "run", DATABASE_URL=unreachable)
-    assert failed.returncode != 0
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("CommandError: cannot start: "), failed.stderr
     assert "no_such_db" in failed.stderr
     assert "s3cret-pw" not in failed.stdout + failed.stderr

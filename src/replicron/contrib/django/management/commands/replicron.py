@@ -15,6 +15,7 @@ from replicron.cli import run_cluster_command
 from replicron.contrib.django.conf import make_backend, read_settings
 from replicron.contrib.django.declare import build_scheduler
 from replicron.contrib.django.runtime import run_until_signalled
+from replicron.dsn import mask_dsn
 
 __all__ = ["Command"]
 
@@ -64,7 +65,12 @@ class Command(BaseCommand):
             )  # fmt: skip
         # The process is the scheduler's own: it may hold the collector back during bursts.
         scheduler = build_scheduler(settings, **{"defer_gc": True, **settings.scheduler})
-        sys.exit(run_until_signalled(scheduler))
+        try:
+            code = run_until_signalled(scheduler)
+        except Exception as exc:  # as the daemon: one line, then leave restarts to the platform
+            message = mask_dsn(" ".join(str(exc).split()))
+            raise CommandError(f"cannot start: {message}", returncode=1) from None
+        sys.exit(code)
 
     def _check(self, settings: Any, count: int) -> None:
         scheduler = build_scheduler(settings)
