@@ -234,7 +234,8 @@ def _cmd_run_now(args: argparse.Namespace) -> int:
     by = f"replicron-cli@{socket.gethostname()}"
 
     async def request(backend: ClusterRegistry) -> datetime:
-        assert isinstance(backend, RunRequests)  # both shared backends keep them
+        if not isinstance(backend, RunRequests):
+            raise ConfigurationError(f"{type(backend).__name__} keeps no run requests")
         return await backend.request_run(args.job, by)
 
     at = _ask(args, request)
