@@ -12,13 +12,13 @@ from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 from ._schedule.tz import UTC, resolve_zone
-from .backends.base import ClusterRegistry, NamespacedRegistry
+from .backends.base import ClusterRegistry, NamespacedRegistry, RunRequests
 from .cluster import ClusterStatus
 from .dsn import mask_dsn
 from .errors import ConfigurationError, ReplicronError
 from .triggers import cron, upcoming
 
-__all__ = ["main"]
+__all__ = ["main", "run_cluster_command"]
 
 _T = TypeVar("_T")
 
@@ -38,6 +38,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "manage its database, try it out.",
     )
     parser.add_argument("--version", action="version", version=f"replicron {__version__}")
+    parser.set_defaults(given=None)  # a backend built by the caller (run_cluster_command)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     nxt = commands.add_parser(
         "next",
@@ -75,6 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
         ("pause", "pause a job on every replica: its ticks are recorded paused, none runs"),
         ("resume", "resume a paused job from its next tick (paused ticks are not replayed)"),
         ("forget", "expect a job dropped from the code no more (its runs stay in the ledger)"),
+        ("run-now", "run a job once now on whichever replica that schedules it sees it first"),
     ):
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
         command.add_argument("job", help="the job's name")
@@ -144,6 +146,8 @@ def _backend(args: argparse.Namespace) -> tuple[ClusterRegistry, str]:
     """The shared backend the arguments (else the environment) name, and where it keeps its
     state (a masked DSN, or the state directory); never opened: its cluster methods use a
     connection of their own."""
+    if args.given is not None:
+        return args.given  # type: ignore[no-any-return]
     url, state_dir = args.database_url, args.state_dir
     if args.config:
         if url or state_dir:
@@ -226,6 +230,22 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run_now(args: argparse.Namespace) -> int:
+    by = f"replicron-cli@{socket.gethostname()}"
+
+    async def request(backend: ClusterRegistry) -> datetime:
+        if not isinstance(backend, RunRequests):
+            raise ConfigurationError(f"{type(backend).__name__} keeps no run requests")
+        return await backend.request_run(args.job, by)
+
+    at = _ask(args, request)
+    print(
+        f"asked for a run of {args.job!r} at {at.astimezone(UTC).isoformat()}: the first "
+        "replica that schedules it runs it once, within seconds"
+    )
+    return 0
+
+
 def _cmd_forget(args: argparse.Namespace) -> int:
     gone, live = _ask(args, lambda backend: backend.forget(args.job))
     if live:
@@ -297,8 +317,23 @@ def _cmd_next(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_cluster_command(argv: Sequence[str], backend: ClusterRegistry, where: str) -> int:
+    """``replicron status|pause|resume|forget|run-now ...`` (``argv`` without the program)
+    on a backend the caller built, e.g. from a Django project's settings: the same words,
+    output and exit statuses. ``where`` names it in messages (never with a password)."""
+    if not argv or argv[0] not in _CLUSTER_COMMANDS:
+        raise ValueError(f"not one of {', '.join(_CLUSTER_COMMANDS)}: {list(argv)!r}")
+    return main(argv, given=(backend, where))
+
+
+_CLUSTER_COMMANDS = ("status", "pause", "resume", "forget", "run-now")
+
+
+def main(
+    argv: Sequence[str] | None = None, *, given: tuple[ClusterRegistry, str] | None = None
+) -> int:
     args = _build_parser().parse_args(argv)
+    args.given = given
     commands = {
         "next": _cmd_next,
         "migrate": _cmd_migrate,
@@ -306,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pause": _cmd_pause,
         "resume": _cmd_resume,
         "forget": _cmd_forget,
+        "run-now": _cmd_run_now,
         "demo": _cmd_demo,
         "run": _cmd_run,
         "check": _cmd_check,

@@ -9,6 +9,9 @@ stopped running shows as overdue to anyone who reads the database, and it warns 
 each other replica that registers one of its jobs differently (definition drift: the cluster
 then runs both schedules).
 
+It also polls for manual runs asked for across the cluster (``replicron run-now``, the
+Django admin) and hands them to the registry as manual runs of this replica's jobs.
+
 Its cadence is real time, whatever the scheduler's clock: the registry is for operators, and
 a test's fake clock must not see an extra sleeper.
 """
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from replicron.backends.base import ClusterRegistry
+from replicron.backends.base import ClusterRegistry, RunRequests
 from replicron.cluster import (
     DEFAULT_OVERDUE_GRACE,
     MOST_EXPECTED,
@@ -36,6 +39,7 @@ from replicron.cluster import (
 from replicron.errors import JobNotFoundError
 
 from .observe import Observer
+from .planner import Tick
 from .registry import JobRegistry, JobState
 from .spec import JobSpec
 
@@ -51,6 +55,9 @@ SETTLE = 0.5
 #: A job's expected ticks reach this far ahead when written, and are written again when
 #: less than half of it is left: a replica that dies leaves a reader enough to go on.
 HORIZON = timedelta(minutes=2)
+#: Seconds between polls for manual runs asked for across the cluster: how late such a run
+#: starts at most (one indexed read per replica each time).
+REQUESTS_EVERY = 2.0
 #: Seconds the last write may take at shutdown.
 LAST_WRITE = 2.0
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+", re.I)
@@ -106,6 +113,8 @@ class ClusterWatch:
         self._watchers: dict[int, tuple[StatusCallback, float]] = {}
         self._last_read = -math.inf  # never read yet
         self._task: asyncio.Task[None] | None = None
+        self._requests = backend if isinstance(backend, RunRequests) else None
+        self._requests_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
 
@@ -124,16 +133,22 @@ class ClusterWatch:
         except Exception as exc:  # the scheduler runs without it; the loop tries again
             self._failed("could not write this replica's jobs to the registry", exc)
         self._task = self._loop.create_task(self._run(), name="replicron-cluster-watch")
+        if self._requests is not None:
+            self._requests_task = self._loop.create_task(
+                self._poll_requests(self._requests), name="replicron-run-requests"
+            )
 
     async def stop(self) -> None:
         """Stop the background writes (the rows stay: with every replica down, they are what
         tells a reader which ticks are overdue)."""
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        for task in (self._task, self._requests_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._requests_task = None
         # The ticks expected from now on, as the last word: with nobody left to run them, a
         # reader sees the job overdue once the next one's grace has passed.
         try:
@@ -181,6 +196,24 @@ class ClusterWatch:
                 self._failed("could not write this replica's jobs to the registry", exc)
             if self._watchers:
                 await self._read()
+
+    async def _poll_requests(self, backend: RunRequests) -> None:
+        """Hand each manual run asked for across the cluster to the registry once, until some
+        replica recorded it (then it is no longer pending)."""
+        handed: dict[tuple[str, datetime], Tick | None] = {}
+        registry = self._registry
+        while True:
+            jobs = [state.spec.name for state in registry.states()]
+            try:
+                pending = await backend.run_requests(jobs) if jobs else []
+            except Exception as exc:
+                self._failed("could not read the manual runs asked for", exc)
+                pending = list(handed)  # nothing is known done
+            registry.requests_done(handed.pop(done) for done in handed.keys() - set(pending))
+            new = [request for request in pending if request not in handed]
+            if new:
+                handed.update(zip(new, registry.run_requested(new), strict=True))
+            await asyncio.sleep(REQUESTS_EVERY)
 
     async def _announce(self, *, force: bool) -> None:
         assert self._backend is not None

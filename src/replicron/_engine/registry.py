@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from replicron._schedule.tz import MICROSECOND
@@ -96,6 +96,7 @@ class JobRegistry:
         self._planner = Planner()
         self._immediate: list[Tick] = []  # catch-up backlogs: due at once
         self._manual: list[Tick] = []  # manual runs (run_now) asked for
+        self._requested: set[Tick] = set()  # those asked for across the cluster
         self._catch_up_needed: list[str] = []  # jobs whose ticks missed while down to look up
         #: The state of a job, or None; lock-free (a dict lookup is atomic), for the hot path.
         self.get: Callable[[str], JobState | None] = self._jobs.get
@@ -226,20 +227,40 @@ class JobRegistry:
         last = state.last_manual
         if last is not None and at <= last:
             at = last + MICROSECOND
-        next_after = state.spec.trigger.next_after
-        for _ in range(_MANUAL_STEPS):  # (a trigger ticking every microsecond has no gap)
-            if next_after(at - MICROSECOND) != at:
-                break
-            at += MICROSECOND
+        at = _off_ticks(state.spec, at)
         state.last_manual = at
         return at
+
+    def run_requested(self, requests: Sequence[tuple[str, datetime]]) -> list[Tick | None]:
+        """Manual runs asked for across the cluster: each claimed at the instant asked for,
+        moved off the job's ticks alike on every replica, so that the ledger's unique tick
+        runs it once; one that another replica took is done. Returns their ticks (None for
+        a job no longer here)."""
+        ticks = []
+        with self._lock:
+            for job, at in requests:
+                state = self._jobs.get(job)
+                tick = Tick(job, _off_ticks(state.spec, at.astimezone(UTC))) if state else None
+                if tick is not None:
+                    self._requested.add(tick)
+                    self._manual.append(tick)
+                ticks.append(tick)
+        self._wake()
+        return ticks
+
+    def requests_done(self, ticks: Iterable[Tick | None]) -> None:
+        """Manual runs asked for across the cluster that some replica recorded."""
+        with self._lock:
+            self._requested.difference_update(ticks)
 
     def manual_taken(self, tick: Tick) -> None:
         """Another replica recorded something at a manual run's instant (its own manual run
         asked for at the same microsecond): the run is asked for again just after it."""
         with self._lock:
             state = self._jobs.get(tick.job)
-            if state is not None:
+            if tick in self._requested:  # asked for across the cluster: another replica ran it
+                self._requested.discard(tick)
+            elif state is not None:
                 self._manual.append(Tick(tick.job, self._manual_instant(state, tick.scheduled_at)))
         self._wake()
 
@@ -354,3 +375,13 @@ def _keyword_arguments(job: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
             f"job {job!r}: kwargs must be a mapping of argument names to values, not {kwargs!r}"
         )
     return dict(kwargs)
+
+
+def _off_ticks(spec: JobSpec, at: datetime) -> datetime:
+    """``at``, or the first microsecond after it that is not a tick of the job's trigger."""
+    next_after = spec.trigger.next_after
+    for _ in range(_MANUAL_STEPS):  # (a trigger ticking every microsecond has no gap)
+        if next_after(at - MICROSECOND) != at:
+            break
+        at += MICROSECOND
+    return at

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .base import Backend, Claim, ClaimRequest, ClaimStatus, Release, RunRecord, RunRequests
 from .embedded import EmbeddedBackend
 from .memory import MemoryBackend, MemoryState
 
@@ -16,4 +16,5 @@ __all__ = [
     "MemoryState",
     "Release",
     "RunRecord",
+    "RunRequests",
 ]

@@ -20,7 +20,7 @@ from replicron.cluster import (
     ReplicaStatus,
     build_status,
 )
-from replicron.errors import StateDirError
+from replicron.errors import JobNotFoundError, StateDirError
 from replicron.events import Outcome
 
 from ._ledger import Ledger, now_us
@@ -28,6 +28,7 @@ from ._micros import MICROSECOND, from_micros, to_micros
 from ._processes import Claimant, process_alive
 from ._sql import sql
 from ._state_dir import LEDGER_NAME
+from .base import RUN_REQUEST_EXPIRY
 
 __all__ = [
     "ClusterMethods",
@@ -40,6 +41,8 @@ __all__ = [
     "read_cluster",
     "register_replica",
     "replica_stopped",
+    "request_run",
+    "run_requests",
     "set_paused",
 ]
 
@@ -173,6 +176,30 @@ def set_paused(ledger: Ledger, job: str, paused: bool, by: str) -> bool:
         return cursor.rowcount == 1
 
 
+def request_run(ledger: Ledger, job: str, by: str) -> datetime:
+    """Ask for a manual run of ``job`` across the replicas; the instant asked for."""
+    now = now_us()
+    with ledger.write() as conn:
+        conn.execute(sql("run_requests_expire"), {"since": now - _expiry_us()})
+        cursor = conn.execute(sql("run_request_insert"), {"job": job, "now": now, "by": by})
+        if cursor.rowcount != 1:
+            raise JobNotFoundError(
+                f"no replica has registered a job named {job!r}: nothing could run it"
+            )
+    return from_micros(now)
+
+
+def run_requests(ledger: Ledger, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+    wanted = set(jobs)
+    with ledger.snapshot() as conn:
+        rows = conn.execute(sql("run_requests"), {"since": now_us() - _expiry_us()}).fetchall()
+    return [(job, from_micros(at)) for job, at in rows if job in wanted]
+
+
+def _expiry_us() -> int:
+    return RUN_REQUEST_EXPIRY // MICROSECOND
+
+
 def read_cluster(ledger: Ledger) -> ClusterStatus:
     """One consistent read of the ledger, registry, pauses and replicas."""
     with ledger.write() as conn:  # one snapshot; short, and it writes nothing
@@ -269,6 +296,18 @@ class ClusterMethods:
     async def resume(self, job: str) -> bool:
         """Resume ``job``; False if it was not paused."""
         return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` by whichever replica sees it first (see
+        :class:`~replicron.backends.base.RunRequests`)."""
+        return await asyncio.to_thread(self._with_ledger, request_run, job, by)
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The manual runs asked for ``jobs`` not yet run, oldest first."""
+        return await self._call(self._run_requests, jobs)
+
+    def _run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        return run_requests(self._require(), jobs)
 
     async def forget(self, job: str) -> tuple[list[str], list[str]]:
         """A job dropped from the code is expected no more: the registrations of replicas

@@ -18,6 +18,9 @@ Two optional capabilities are small protocols of their own, checked with ``isins
   and leaves the rest to its ``peers`` with free worker threads; where ``claims_ahead`` is
   set, a scheduler on the system clock claims an instant's ticks up to that much early, by its
   claims' recent round trips, and starts the runs on time. ``connected`` is for readiness.
+* :class:`RunRequests`: manual runs asked for across the cluster (``replicron run-now``),
+  which every replica that schedules the job polls for and claims as a manual run at the
+  requested instant: the ledger's unique ``(job, scheduled_at)`` runs each once.
 * :class:`ClusterRegistry`: the backend keeps the cluster's job registry (what each replica
   schedules, for overdue jobs and drift), its pauses, and its status for operators;
   :class:`NamespacedRegistry` also lists the namespaces sharing its store.
@@ -38,6 +41,7 @@ from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.events import Outcome
 
 __all__ = [
+    "RUN_REQUEST_EXPIRY",
     "Backend",
     "Claim",
     "ClaimRequest",
@@ -47,6 +51,7 @@ __all__ = [
     "NamespacedRegistry",
     "Release",
     "RunRecord",
+    "RunRequests",
     "ServerChanges",
     "SharedCoordination",
     "answer_each",
@@ -338,3 +343,24 @@ class NamespacedRegistry(ClusterRegistry, Protocol):
 
     async def namespaces(self) -> dict[str, int]:
         """Every namespace with recorded runs, and its number of rows."""
+
+
+#: A manual run asked for across the cluster and not taken up by then (no replica of the job
+#: was up) is run no more; the request is deleted at a later request.
+RUN_REQUEST_EXPIRY = timedelta(minutes=10)
+
+
+@runtime_checkable
+class RunRequests(Protocol):
+    """A backend that keeps manual runs asked for across the cluster."""
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` now, by whichever replica that schedules it sees
+        the request first; returns the instant asked for (its run is recorded at it, or at
+        most a millisecond later, off the job's ticks). Raises ``JobNotFoundError`` when no
+        replica registered the job. A connection of its own: callable from anywhere."""
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The requests for ``jobs`` not yet run and younger than :data:`RUN_REQUEST_EXPIRY`,
+        oldest first, as ``(job, requested instant)`` (a replica's poll, on its open
+        backend)."""

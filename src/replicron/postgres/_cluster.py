@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from replicron.backends.base import RUN_REQUEST_EXPIRY
 from replicron.cluster import (
     ClusterStatus,
     JobDefinition,
@@ -19,6 +20,7 @@ from replicron.cluster import (
     Registration,
     build_status,
 )
+from replicron.errors import JobNotFoundError
 
 from ._secrets import scrub
 from ._session import BackendUnavailableError
@@ -32,6 +34,7 @@ __all__ = [
     "read_cluster",
     "read_namespaces",
     "registration",
+    "request_run",
     "set_paused",
 ]
 
@@ -112,6 +115,23 @@ async def set_paused(
         return bool(await cursor.fetchall())
 
 
+async def request_run(
+    conninfo: str, namespace: str, job: str, by: str, connect_timeout: float
+) -> datetime:
+    """Ask for a manual run of ``job`` across the namespace; the instant asked for."""
+    params = {"namespace": namespace, "job": job, "by": by, "keep": RUN_REQUEST_EXPIRY}
+    async with await _connect(conninfo, connect_timeout) as conn:
+        cursor = await conn.execute(queries()["request_run"], params)
+        row = await cursor.fetchone()
+    if row is None:
+        where = f" in namespace {namespace!r}" if namespace else ""
+        raise JobNotFoundError(
+            f"no replica has registered a job named {job!r}{where}: nothing could run it"
+        )
+    at: datetime = row[0]
+    return at
+
+
 async def read_namespaces(conninfo: str, connect_timeout: float) -> dict[str, int]:
     """Every namespace with recorded runs, and its number of rows."""
     conn = await _connect(conninfo, connect_timeout)
@@ -178,6 +198,19 @@ class ClusterMethods:
     async def resume(self, job: str) -> bool:
         """Resume ``job``; False if it was not paused."""
         return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` across the namespace (see
+        :class:`~replicron.backends.base.RunRequests`)."""
+        return await request_run(self.conninfo, self.namespace, job, by, self.connect_timeout)
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The manual runs asked for ``jobs`` not yet run, oldest first (on the lock
+        session)."""
+        rows = await self._fetch(
+            "run_requests", retry=True, jobs=list(jobs), keep=RUN_REQUEST_EXPIRY
+        )
+        return [(job, at) for job, at in rows]
 
     async def forget(self, job: str) -> tuple[list[str], list[str]]:
         """A job dropped from the code is expected no more: the registrations of replicas

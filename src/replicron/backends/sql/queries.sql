@@ -209,6 +209,25 @@ ON CONFLICT (job) DO NOTHING;
 -- name: pause_delete
 DELETE FROM replicron_paused WHERE job = :job;
 
+-- name: run_request_insert
+-- A manual run asked for across the replicas; nothing when no replica registered the job.
+INSERT INTO replicron_run_requests (job, requested_at, requested_by)
+SELECT :job, :now, :by WHERE EXISTS (SELECT 1 FROM replicron_jobs WHERE job = :job);
+
+-- name: run_requests_expire
+DELETE FROM replicron_run_requests WHERE requested_at < :since;
+
+-- name: run_requests
+-- Requests younger than :since not yet run: no manual row of the job within the millisecond
+-- the engine may move the run's instant by.
+SELECT req.job, req.requested_at FROM replicron_run_requests req
+WHERE req.requested_at > :since
+  AND NOT EXISTS (
+      SELECT 1 FROM replicron_runs run
+      WHERE run.job = req.job AND run.manual = 1
+        AND run.scheduled_at BETWEEN req.requested_at AND req.requested_at + 1000)
+ORDER BY req.requested_at, req.request_id;
+
 -- ---- the cluster's status ----------------------------------------------------------------
 
 -- name: replicas

@@ -589,6 +589,30 @@ DELETE FROM replicron_paused
 WHERE namespace = %(namespace)s AND job = %(job)s
 RETURNING job;
 
+-- name: request_run
+-- Ask for a manual run of a job across the namespace. No row when no replica ever registered
+-- the job (unknown here: refused). Requests older than %(keep)s go.
+WITH expired AS (
+    DELETE FROM replicron_run_requests WHERE requested_at < now() - %(keep)s::interval
+)
+INSERT INTO replicron_run_requests (namespace, job, requested_by)
+SELECT %(namespace)s, %(job)s, %(by)s
+WHERE EXISTS (SELECT 1 FROM replicron_jobs WHERE namespace = %(namespace)s AND job = %(job)s)
+RETURNING requested_at;
+
+-- name: run_requests
+-- The requests for these jobs younger than %(keep)s and not yet run: no manual row of the job
+-- within the millisecond the engine may move the run's instant by (off the job's ticks).
+SELECT req.job, req.requested_at FROM replicron_run_requests req
+WHERE req.namespace = %(namespace)s AND req.job = ANY(%(jobs)s::text[])
+  AND req.requested_at > now() - %(keep)s::interval
+  AND NOT EXISTS (
+      SELECT 1 FROM replicron_runs run
+      WHERE run.namespace = req.namespace AND run.job = req.job AND run.manual
+        AND run.scheduled_at >= req.requested_at
+        AND run.scheduled_at <= req.requested_at + interval '1 millisecond')
+ORDER BY req.requested_at, req.request_id;
+
 -- name: forget
 -- A job dropped from the code: the registrations of replicas that are gone go, so that it is
 -- no longer expected (its runs stay). Returns every registration there was, and whether it

@@ -205,11 +205,24 @@ CREATE FUNCTION replicron_runs_reached(
                                        WHERE datname = current_database()))));
 $$;
 
+-- Manual runs asked for across the cluster (replicron run-now): each replica that schedules
+-- the job claims a manual run at the requested instant; the ledger runs it once.
+CREATE TABLE replicron_run_requests (
+    request_id   bigserial   PRIMARY KEY,
+    namespace    text        NOT NULL,
+    job          text        NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    requested_by text        NOT NULL
+);
+CREATE INDEX replicron_run_requests_namespace_idx
+    ON replicron_run_requests (namespace, requested_at);
+
 INSERT INTO replicron_migrations (version, name) VALUES
     (1, 'initial'),
     (2, 'claim_tokens_and_replicas'),
     (3, 'manual_and_limited_runs'),
     (4, 'job_registry_and_pauses'),
-    (5, 'row_leases');
+    (5, 'row_leases'),
+    (7, 'run_requests');
 
 COMMIT;

@@ -1,0 +1,188 @@
+"""The admin: the cluster's jobs, recent runs and replicas, read-only, with the actions pause,
+resume and run now. Pause and resume are the cluster-wide pauses of ``replicron pause``;
+run now asks every replica that schedules the job for one manual run, run once."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from replicron.backends.base import ClusterRegistry, RunRequests
+from replicron.cluster import ClusterStatus, JobView
+from replicron.errors import ReplicronError
+
+from .conf import make_backend, read_settings
+from .models import RegisteredJob, Replica, Run
+
+__all__ = ["RegisteredJobAdmin", "ReplicaAdmin", "RunAdmin"]
+
+_statuses: weakref.WeakKeyDictionary[HttpRequest, ClusterStatus | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+#: The request whose changelist is being drawn, for the columns that read the cluster.
+_page = threading.local()
+
+
+def _backend() -> Any:
+    backend = make_backend(read_settings(), migrate=False)
+    if not isinstance(backend, ClusterRegistry) or not isinstance(backend, RunRequests):
+        raise ReplicronError("this backend keeps no cluster: nothing to pause or run")
+    return backend
+
+
+def _call(work: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
+    return async_to_sync(work)(_backend())
+
+
+def _on(
+    act: Callable[[Any, str, str], Coroutine[Any, Any, Any]], backend: Any, *, job: str, by: str
+) -> Coroutine[Any, Any, Any]:
+    return act(backend, job, by)
+
+
+def _status(request: HttpRequest) -> ClusterStatus | None:
+    """The cluster's status, read once per request page."""
+    if request not in _statuses:
+        try:
+            _statuses[request] = _call(lambda backend: backend.cluster_status())
+        except Exception:  # the page shows what the tables hold without it
+            _statuses[request] = None
+    return _statuses[request]
+
+
+class _ReadOnly(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(RegisteredJob)
+class RegisteredJobAdmin(_ReadOnly):
+    list_display = ("job", "trigger", "state", "last_outcome", "last_run", "next_due")
+    readonly_fields = ("job", "trigger", "replica_id", "fingerprint", "last_seen")
+    search_fields = ("job",)
+    sortable_by = ()  # one row per job: the ordering picks each job's latest registration
+    actions = ("pause", "resume", "run_now")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).order_by("job", "-last_seen").distinct("job")
+
+    def _view(self, request: HttpRequest, job: RegisteredJob) -> JobView | None:
+        status = _status(request)
+        if status is None:
+            return None
+        return next((view for view in status.jobs if view.job == job.job), None)
+
+    @admin.display(description="state")
+    def state(self, job: RegisteredJob) -> str:
+        request = _page.request
+        view = self._view(request, job)
+        status = _status(request)
+        if view is None or status is None:
+            return "-"
+        kinds = [problem.kind.value for problem in status.job_problems(view)]
+        return ", ".join((["paused"] if view.paused is not None else []) + kinds) or "ok"
+
+    @admin.display(description="last outcome")
+    def last_outcome(self, job: RegisteredJob) -> str:
+        view = self._view(_page.request, job)
+        return (view.last_outcome or "-") if view else "-"
+
+    @admin.display(description="last tick")
+    def last_run(self, job: RegisteredJob) -> datetime | None:
+        view = self._view(_page.request, job)
+        return view.last_scheduled_at if view else None
+
+    @admin.display(description="next due")
+    def next_due(self, job: RegisteredJob) -> datetime | None:
+        view = self._view(_page.request, job)
+        return view.next_due if view else None
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        _page.request = request  # the columns read the cluster's status of this request
+        return super().changelist_view(request, extra_context)
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: Any,
+        act: Callable[[Any, str, str], Coroutine[Any, Any, Any]],
+        said: Callable[[str, Any], str],
+    ) -> None:
+        by = f"django-admin:{request.user.get_username()}"
+        for name in queryset.values_list("job", flat=True):
+            try:
+                answer = _call(functools.partial(_on, act, job=name, by=by))
+            except Exception as exc:
+                self.message_user(request, f"{name}: {exc}", messages.ERROR)
+            else:
+                self.message_user(request, said(name, answer), messages.SUCCESS)
+
+    @admin.action(description="Pause the selected jobs on every replica")
+    def pause(self, request: HttpRequest, queryset: Any) -> None:
+        self._each(
+            request, queryset, lambda backend, job, by: backend.pause(job, by),
+            lambda job, done: f"paused {job!r}" if done else f"{job!r} was paused already",
+        )  # fmt: skip
+
+    @admin.action(description="Resume the selected jobs")
+    def resume(self, request: HttpRequest, queryset: Any) -> None:
+        self._each(
+            request, queryset, lambda backend, job, by: backend.resume(job),
+            lambda job, done: f"resumed {job!r}" if done else f"{job!r} was not paused",
+        )  # fmt: skip
+
+    @admin.action(description="Run the selected jobs once now")
+    def run_now(self, request: HttpRequest, queryset: Any) -> None:
+        self._each(
+            request, queryset, lambda backend, job, by: backend.request_run(job, by),
+            lambda job, at: f"asked for a run of {job!r} at {at.isoformat()}",
+        )  # fmt: skip
+
+
+@admin.register(Run)
+class RunAdmin(_ReadOnly):
+    list_display = (
+        "run_id", "job", "scheduled_at", "outcome", "replica_id", "started_at", "finished_at",
+        "manual",
+    )  # fmt: skip
+    list_filter = ("outcome", "manual", "job")
+    search_fields = ("job", "replica_id", "error")
+    readonly_fields = (
+        "run_id", "job", "scheduled_at", "outcome", "replica_id", "started_at", "finished_at",
+        "manual", "error",
+    )  # fmt: skip
+    exclude = ("namespace",)
+
+
+@admin.register(Replica)
+class ReplicaAdmin(_ReadOnly):
+    list_display = ("replica_id", "alive", "coordination", "started_at", "last_seen", "stopped_at")
+    readonly_fields = ("replica_id", "coordination", "started_at", "last_seen", "stopped_at")
+    exclude = ("namespace",)
+
+    @admin.display(description="alive", boolean=True)
+    def alive(self, replica: Replica) -> bool | None:
+        status = _status(_page.request)
+        if status is None:
+            return None
+        return next((r.alive for r in status.replicas if r.replica_id == replica.replica_id), None)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        _page.request = request
+        return super().changelist_view(request, extra_context)
