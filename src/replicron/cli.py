@@ -272,7 +272,7 @@ def _ask(
     except Exception as exc:
         if type(exc).__name__ == "UndefinedTable":
             raise ConfigurationError(
-                f"{where} has no replicron tables: run `replicron migrate` on it first"
+                f"{where} has no replicron tables: run `{args.migrate_with}` on it first"
             ) from None
         raise
 
@@ -317,23 +317,32 @@ def _cmd_next(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_cluster_command(argv: Sequence[str], backend: ClusterRegistry, where: str) -> int:
+def run_cluster_command(
+    argv: Sequence[str],
+    backend: ClusterRegistry,
+    where: str,
+    migrate_with: str = "replicron migrate",
+) -> int:
     """``replicron status|pause|resume|forget|run-now ...`` (``argv`` without the program)
     on a backend the caller built, e.g. from a Django project's settings: the same words,
-    output and exit statuses. ``where`` names it in messages (never with a password)."""
+    output and exit statuses. ``where`` names it in messages (never with a password);
+    ``migrate_with`` is the command that creates the tables where they are missing."""
     if not argv or argv[0] not in _CLUSTER_COMMANDS:
         raise ValueError(f"not one of {', '.join(_CLUSTER_COMMANDS)}: {list(argv)!r}")
-    return main(argv, given=(backend, where))
+    return main(argv, given=(backend, where), migrate_with=migrate_with)
 
 
 _CLUSTER_COMMANDS = ("status", "pause", "resume", "forget", "run-now")
 
 
 def main(
-    argv: Sequence[str] | None = None, *, given: tuple[ClusterRegistry, str] | None = None
+    argv: Sequence[str] | None = None,
+    *,
+    given: tuple[ClusterRegistry, str] | None = None,
+    migrate_with: str = "replicron migrate",
 ) -> int:
     args = _build_parser().parse_args(argv)
-    args.given = given
+    args.given, args.migrate_with = given, migrate_with
     commands = {
         "next": _cmd_next,
         "migrate": _cmd_migrate,

@@ -103,7 +103,7 @@ def test_the_password_never_shows(project: Project) -> None:
     assert ":s3cret-pw@" in url
     unmigrated = project.manage("replicron", "status", DATABASE_URL=url)
     assert unmigrated.returncode != 0
-    assert "has no replicron tables" in unmigrated.stderr
+    assert "has no replicron tables: run `manage.py migrate` on it first" in unmigrated.stderr
     assert "s3cret-pw" not in unmigrated.stdout + unmigrated.stderr
     unreachable = url.replace("127.0.0.1", "127.0.0.1", 1).rsplit("/", 1)[0] + "/no_such_db"
     failed = project.manage("replicron", "run", DATABASE_URL=unreachable)

@@ -96,6 +96,6 @@ class Command(BaseCommand):
             argv += ["--json"] * options["json"] + ["--check"] * options["check"]
         else:
             argv.append(options["job"])
-        code = run_cluster_command(argv, backend, where)
+        code = run_cluster_command(argv, backend, where, migrate_with="manage.py migrate")
         if code:
             sys.exit(code)
