@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
+from replicron.backends.leadership import LeaderTerm
+
 from ._advisory import refuse_pooler
 from ._failover import ServerIdentity, ServerWatch
 from ._lease import Lease
@@ -67,6 +69,9 @@ class Housekeeper:
         self._fence = fence_stale_holders
         self._write_pending = write_pending
         self.runs = HeldRuns(Lease(lease, self._lease_expired))
+        #: Leader mode: this replica's term as leader, as long as its runs' lease.
+        self.leader = LeaderTerm()
+        self._leader_lease = timedelta(seconds=lease)
         #: The server this replica talks to; a failover stops the held runs.
         self.server = ServerWatch(statements.namespace, held=self.runs.going_on,
                                   lose=self._lose)  # fmt: skip
@@ -102,7 +107,7 @@ class Housekeeper:
 
     def attach(self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None]) -> None:
         """Speak for ``replica_id`` from now on (before its session opens: it may be lost)."""
-        self.replica_id = self.server.replica_id = replica_id
+        self.replica_id = self.server.replica_id = self.leader.replica_id = replica_id
         self._on_lock_lost = on_lock_lost
 
     async def start(self) -> None:
@@ -149,6 +154,30 @@ class Housekeeper:
             self._live_until = self._statements.sent_at() + self._stale_after.total_seconds()
             if not self._admitted:
                 await self._check_modes()
+            await self._lead()
+
+    async def lead_now(self) -> None:
+        """Leader mode, as this replica starts contending: take the lease now if it is free,
+        rather than at the next heartbeat."""
+        async with self._beating:
+            try:
+                await self._lead()
+            except BackendUnavailableError as exc:
+                logger.warning("leader lease: %s", exc, extra={"event": "lock_error"})
+
+    async def _lead(self) -> None:
+        """Leader mode: take, renew or watch the leader lease. Held, it counts from before
+        this statement is sent (so before the server's now(): it ends here first), read here
+        since a pooled session's last round trip may be another statement's."""
+        leader = self.leader
+        if not leader.contending or self.leaving or self.refusal is not None:
+            return
+        sent = time.monotonic()
+        found = await self._statements.fetch(
+            "leader_lease", retry=True, replica=self.replica_id, lease=self._leader_lease
+        )
+        holder, epoch = (found[0][0], found[0][1]) if found else (None, 0)
+        leader.seen(holder, epoch, sent, self._leader_lease.total_seconds())
 
     async def admit(self) -> None:
         """Before a claim: raise :class:`MixedModesError` unless this replica may claim. A
@@ -196,6 +225,9 @@ class Housekeeper:
         read once that is committed, with the instant each one joined at."""
         self.leaving = True
         await self._statements.fetch("replica_stopped", replica=self.replica_id)
+        if self.leader.contending:  # a standby takes over at its next heartbeat
+            self.leader.resigned()
+            await self._statements.fetch("leader_resign", replica=self.replica_id)
         staying = await self._statements.fetch(
             "replicas_staying", replica=self.replica_id, stale_after=self._stale_after
         )

@@ -638,3 +638,31 @@ ORDER BY replica_id;
 
 -- name: database_clock
 SELECT clock_timestamp();
+
+-- name: leader_lease
+-- Leader mode: take the namespace's leader lease if nobody holds it or its holder's lease
+-- ran out (a compare-and-set on the database's clock), or renew it if this replica holds it;
+-- a new holder bumps the epoch. Answers the holder as it is after the statement, its epoch,
+-- and whether this statement took or renewed it.
+WITH taken AS (
+    INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
+    VALUES (%(namespace)s, %(replica)s, 1, now(), now() + %(lease)s::interval)
+    ON CONFLICT (namespace) DO UPDATE
+    SET holder = EXCLUDED.holder,
+        epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
+        acquired_at = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.acquired_at
+                           ELSE now() END,
+        expires_at = EXCLUDED.expires_at
+    WHERE lease.holder = EXCLUDED.holder OR lease.expires_at < now()
+    RETURNING holder, epoch
+)
+SELECT holder, epoch, true FROM taken
+UNION ALL
+SELECT holder, epoch, false FROM replicron_leaders
+WHERE namespace = %(namespace)s AND NOT EXISTS (SELECT 1 FROM taken);
+
+-- name: leader_resign
+-- This replica stops: its leader lease ends now, so that a standby takes over at its next
+-- heartbeat rather than when the lease would have run out.
+UPDATE replicron_leaders SET expires_at = now()
+WHERE namespace = %(namespace)s AND holder = %(replica)s;

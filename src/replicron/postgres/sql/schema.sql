@@ -175,6 +175,17 @@ CREATE TABLE replicron_job_locks (
     PRIMARY KEY (namespace, job)
 );
 
+-- Leader mode: one leader lease per namespace. A replica that contends takes it by a
+-- compare-and-set on its expiry (the database's clock) and renews it with its heartbeat; the
+-- epoch goes up with every change of holder.
+CREATE TABLE replicron_leaders (
+    namespace   text        PRIMARY KEY,
+    holder      text        NOT NULL,
+    epoch       bigint      NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+
 -- replicron_runs_reached for either mode: with p_leased an open row started under the lock
 -- counts while replicron_job_locks names it, not while a server session holds the advisory
 -- lock. (The four-argument form stays for replicas not yet upgraded.)
@@ -210,6 +221,7 @@ INSERT INTO replicron_migrations (version, name) VALUES
     (2, 'claim_tokens_and_replicas'),
     (3, 'manual_and_limited_runs'),
     (4, 'job_registry_and_pauses'),
-    (5, 'row_leases');
+    (5, 'row_leases'),
+    (6, 'leader_lease');
 
 COMMIT;
