@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -46,7 +47,11 @@ def test_one_contender_leads_and_a_standby_takes_over_once_the_lease_ran_out(
     dsn: str, mode: CoordinationMode
 ) -> None:
     async def main() -> None:
-        options = {"coordination": mode, "heartbeat_interval": HEARTBEAT, "stale_after": 7200}
+        options: dict[str, Any] = {
+            "coordination": mode,
+            "heartbeat_interval": HEARTBEAT,
+            "stale_after": 7200,
+        }
         async with opened(dsn, "a", **options) as a, opened(dsn, "b", **options) as b:
             changed: list[str] = []
             a.contend(lambda: changed.append("a"))
@@ -75,10 +80,10 @@ def test_a_leader_cut_off_stops_leading_before_a_standby_may_take_over(
     dsn: str, mode: CoordinationMode
 ) -> None:
     params = conninfo_to_dict(dsn)
-    proxy = HangingProxy((str(params.get("host", "127.0.0.1")), int(params.get("port", 5432))))
+    proxy = HangingProxy((str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432)))))
 
     async def main() -> None:
-        options = {"coordination": mode, "heartbeat_interval": HEARTBEAT,
+        options: dict[str, Any] = {"coordination": mode, "heartbeat_interval": HEARTBEAT,
                    "stale_after": STALE_AFTER, "statement_timeout": 0.5}  # fmt: skip
         cut_off = make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
         async with opened(cut_off, "a", **options) as a, opened(dsn, "b", **options) as b:
@@ -108,7 +113,7 @@ def test_a_leader_cut_off_stops_leading_before_a_standby_may_take_over(
 
 def test_a_stopping_leader_hands_the_lease_on_at_once(dsn: str) -> None:
     async def main() -> None:
-        options = {"heartbeat_interval": HEARTBEAT, "stale_after": 7200}
+        options: dict[str, Any] = {"heartbeat_interval": HEARTBEAT, "stale_after": 7200}
         async with opened(dsn, "b", **options) as b:
             async with opened(dsn, "a", **options) as a:
                 a.contend(lambda: None)

@@ -132,7 +132,12 @@ def test_a_new_state_dir_gets_a_wal_ledger_with_its_migrations(tmp_path: Path) -
     with ledger(state_dir) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         versions = conn.execute("SELECT version, name FROM replicron_migrations").fetchall()
-    assert versions == [(1, "initial"), (2, "manual_runs"), (3, "job_registry_and_pauses")]
+    assert versions == [
+        (1, "initial"),
+        (2, "manual_runs"),
+        (3, "job_registry_and_pauses"),
+        (4, "leader_lease"),
+    ]
 
 
 def test_a_garbage_ledger_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
@@ -176,7 +181,7 @@ def test_a_ledger_written_by_a_newer_replicron_is_refused(tmp_path: Path) -> Non
         conn.execute("INSERT INTO replicron_migrations VALUES (99, 'future', 0)")
     error = state_error(tmp_path)
     assert error.problem == (
-        "schema version 99 was written by a newer replicron (this one knows up to 3)"
+        "schema version 99 was written by a newer replicron (this one knows up to 4)"
     )
 
 
@@ -208,7 +213,12 @@ def test_a_ledger_of_an_earlier_version_is_upgraded_keeping_its_rows(tmp_path: P
     run(main())
     with ledger(tmp_path) as conn:
         assert conn.execute("SELECT job, manual FROM replicron_runs").fetchall() == [("report", 0)]
-        assert [v for (v,) in conn.execute("SELECT version FROM replicron_migrations")] == [1, 2, 3]
+        assert [v for (v,) in conn.execute("SELECT version FROM replicron_migrations")] == [
+            1,
+            2,
+            3,
+            4,
+        ]
 
 
 async def run_and_close(state_dir: Path) -> None:

@@ -4,9 +4,11 @@ options are checked at registration; the self-fenced term of a lease that runs o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,7 @@ from replicron import (
     current_run,
     every,
 )
+from replicron.backends.embedded import EmbeddedBackend
 from replicron.backends.leadership import Leader, LeaderTerm
 from replicron.testing import FakeClock
 from tests.helpers import START
@@ -203,3 +206,31 @@ def test_a_term_tells_of_a_change(clock: FakeClock) -> None:
     term.seen("me", 1, sent_at=now, length=60.0)  # renewed: no change
     term.resigned()
     assert changes == [True, False]
+
+
+def test_on_the_embedded_backend_a_standby_takes_over_when_the_leader_closes(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        a = EmbeddedBackend(tmp_path, leader_retry=0.05)
+        b = EmbeddedBackend(tmp_path, leader_retry=0.05)
+        await a.open("a")
+        await b.open("b")
+        try:
+            b_changed = asyncio.Event()
+            a.contend(lambda: None)
+            while not a.leading():
+                await asyncio.sleep(0.01)
+            b.contend(b_changed.set)
+            await asyncio.sleep(0.2)  # b tried a few times
+            assert not b.leading()
+            assert b.leader == Leader("a", 1)
+            await a.close()
+            await asyncio.wait_for(b_changed.wait(), 5)
+            assert b.leading()
+            assert b.leader == Leader("b", 2)
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
