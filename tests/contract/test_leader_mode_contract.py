@@ -4,6 +4,7 @@ share the other jobs). Every tick has its record."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -39,6 +40,9 @@ def test_one_of_several_schedulers_claims_every_leader_mode_tick(store: Store) -
         with lock:
             ran.append((run.job_name, run.replica_id, run.scheduled_at))
 
+    def recorded_both(tick: datetime) -> bool:
+        return all(tick in store.recorded(job) for job in ("led", "shared"))
+
     try:
         for scheduler in schedulers:
             scheduler.add_job(every(seconds=10), task, name="led")
@@ -49,11 +53,7 @@ def test_one_of_several_schedulers_claims_every_leader_mode_tick(store: Store) -
         assert len(leaders) == 1
         for k in range(1, 6):
             clock.set(T[k])
-            poll_until(
-                f"tick {k} recorded",
-                lambda k=k: all(T[k] in store.recorded(job) for job in ("led", "shared")),
-                20,
-            )
+            poll_until(f"tick {k} recorded", functools.partial(recorded_both, T[k]), 20)
             for scheduler in schedulers:
                 scheduler.wait_idle()
         assert [s.replica_id for s in schedulers if s.is_leader] == leaders
