@@ -77,11 +77,10 @@ class Leadership:
         return self._contending and self.led(job) and self.leading()
 
     def leading(self) -> bool:
-        """Whether this replica is the leader now (self-fenced by the backend)."""
+        """Whether this replica is the leader now (self-fenced by the backend); never while
+        it has no leader-mode job (it does not contend)."""
         lease = self._lease
-        if lease is None:
-            return True
-        return self._contending and lease.leading()
+        return self._contending and (lease is None or lease.leading())
 
     @property
     def leader(self) -> str | None:
