@@ -85,6 +85,7 @@ EXPECTED = {
         "RunRecord",
     ],
     "replicron.backends.embedded": ["EmbeddedBackend", "LEDGER_NAME", "LOCKS_DIR"],
+    "replicron.backends.leadership": ["Leader", "LeaderLease", "LeaderTerm"],
     "replicron.events": ["Listener", "Outcome", "RunEvent"],
     "replicron.context": ["CancelReason", "RunContext", "current_run"],
     "replicron.clock": ["Clock", "ClusterClock", "SystemClock"],

@@ -162,7 +162,7 @@ class Housekeeper:
         async with self._beating:
             try:
                 await self._lead()
-            except BackendUnavailableError as exc:
+            except Exception as exc:  # the heartbeats try again
                 logger.warning("leader lease: %s", exc, extra={"event": "lock_error"})
 
     async def _lead(self) -> None:
