@@ -57,6 +57,8 @@ def test_one_of_several_schedulers_claims_every_leader_mode_tick(store: Store) -
             for scheduler in schedulers:
                 scheduler.wait_idle()
         assert [s.replica_id for s in schedulers if s.is_leader] == leaders
+        # The cluster's status names the leader, as any replica reads it.
+        assert {s.cluster_status().leader for s in schedulers} == {leaders[0]}
     finally:
         for scheduler in schedulers:
             scheduler.shutdown(timeout=5)

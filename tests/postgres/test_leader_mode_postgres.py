@@ -124,11 +124,14 @@ def test_a_stopping_leader_hands_the_lease_on_at_once(dsn: str) -> None:
                 b.contend(lambda: None)
                 await asyncio.sleep(2 * HEARTBEAT)
                 assert not b.leading()
+                assert (await b.cluster_status()).leader == "a"
                 await a.leave()
+                assert (await b.cluster_status()).leader is None
                 assert not a.leading()
             # Its lease would have lasted two hours: it ended as a left.
             await until(b.leading, 3 * HEARTBEAT + 2)
             assert lease_row(dsn)[:2] == ("b", 2)
+            assert (await b.cluster_status()).leader == "b"
 
     asyncio.run(main())
 

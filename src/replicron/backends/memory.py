@@ -7,6 +7,7 @@ Each :class:`MemoryBackend` is one replica's handle; handles built on the same
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from array import array
 from bisect import bisect_left
@@ -352,7 +353,9 @@ class MemoryBackend:
                 for who, started in state.replicas.items()
             ]
             pauses = list(state.paused.values())
-        return build_status("", now, ledger, registrations, pauses, replicas)
+        status = build_status("", now, ledger, registrations, pauses, replicas)
+        leader = self.state.leader
+        return dataclasses.replace(status, leader=None if leader is None else leader.holder)
 
 
 def _registration(

@@ -661,6 +661,10 @@ UNION ALL
 SELECT holder, epoch, false FROM replicron_leaders
 WHERE namespace = %(namespace)s AND NOT EXISTS (SELECT 1 FROM taken);
 
+-- name: leader_now
+-- Leader mode, for the status: the namespace's leader, if its lease has not run out.
+SELECT holder FROM replicron_leaders WHERE namespace = %(namespace)s AND expires_at > now();
+
 -- name: leader_resign
 -- This replica stops: its leader lease ends now, so that a standby takes over at its next
 -- heartbeat rather than when the lease would have run out.
