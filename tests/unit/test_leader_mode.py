@@ -22,15 +22,19 @@ from replicron import (
     current_run,
     every,
 )
+from replicron._engine.capacity import Spreader
+from replicron._engine.leadership import Leadership
+from replicron._engine.planner import Decision, Tick
 from replicron.backends.embedded import EmbeddedBackend
 from replicron.backends.leadership import Leader, LeaderTerm
 from replicron.testing import FakeClock
 from tests.helpers import START
+from tests.unit.test_engine_parts import Parts, spec
 
 T = [START + timedelta(seconds=10 * k) for k in range(20)]  # T[k]: tick k of every(10 s)
 
 
-class Leadership(Listener):
+class LeadershipEvents(Listener):
     def __init__(self) -> None:
         self.told: list[tuple[str, str]] = []
 
@@ -98,7 +102,7 @@ def test_a_new_leader_catches_up_the_ticks_that_fell_due_without_one(
     """r0 leads but stops scheduling the job after tick 1; the standbys leave ticks 2-4 to
     it; r0 stops at tick 4 + 5 s: r1 takes over, runs the latest (catch_up="latest") and
     records the others missed. Every tick has one record."""
-    ran, watch = Ran(), Leadership()
+    ran, watch = Ran(), LeadershipEvents()
     r0, r1, r2 = replicas
     r1.add_listener(watch)
     for replica in replicas:
@@ -234,3 +238,30 @@ def test_on_the_embedded_backend_a_standby_takes_over_when_the_leader_closes(
             await b.close()
 
     asyncio.run(main())
+
+
+def test_a_replica_that_no_longer_leads_drops_the_leader_ticks_it_deferred() -> None:
+    """Ticks a leader left for its own threads to free up are the next leader's once it no
+    longer leads: it must not claim them later."""
+    state = MemoryState()
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("led", leader=True))
+    parts.registry.add_job(spec("free"))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    spreader = leadership.adopt(Spreader("r1"))
+    assert spreader is not None
+    leadership.job_changed("led")
+    assert leadership.step([]) == (["led"], {})  # leads at once: catches "led" up
+    assert spreader.rank("led") == (0, 0)  # the leader is first for its ticks
+    spreader.deferred.update({"led": Tick("led", T[1]), "free": Tick("free", T[1])})
+    other = MemoryBackend(state)
+    asyncio.run(other.open("r2"))
+    other.contend(lambda: None)
+    asyncio.run(parts.backend.close())  # the lease goes to r2
+    assert leadership.step(["led", "free"]) == (["free"], {})
+    assert list(spreader.deferred) == ["free"]
+    assert spreader.rank("led") != (0, 0)
+    decision = Decision(due=[Tick("led", T[2]), Tick("free", T[2])], missed=[Tick("led", T[1])])
+    assert leadership.sift([], decision) == [Tick("free", T[2])]
+    assert decision.missed == []

@@ -65,7 +65,7 @@ class Spreader:
     """The ticks this replica left for others, at most one per job (its oldest: a newer one
     coalesces it, as the planner does with a job that fell behind)."""
 
-    def __init__(self, replica_id: str, first_for: Callable[[str], bool] | None = None) -> None:
+    def __init__(self, replica_id: str) -> None:
         self._me = replica_id
         self._peers: frozenset[str] = frozenset()
         self._ranks: dict[str, tuple[int, int]] = {}
@@ -75,7 +75,7 @@ class Spreader:
         self._held = 0
         #: Leader mode, on the leader: whether this replica is first for ``job`` whatever
         #: the hashes (the leader claims every tick of a leader-mode job; the others none).
-        self.first_for = first_for
+        self.first_for: Callable[[str], bool] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.deferred)

@@ -110,7 +110,7 @@ class Engine:
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
             recorder=self._recorder, retries=self._retries, observer=self.observer,
             max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
-            shared=shared, first_for=self.leadership.first_for,
+            shared=shared, leadership=self.leadership,
             # Only on real time: a fake clock's instants are the ones a test sets.
             claim_ahead=shared.claims_ahead
             if shared is not None and isinstance(clock, ClusterClock) else None,

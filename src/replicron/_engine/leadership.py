@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from replicron.backends.base import Backend
 from replicron.backends.leadership import LeaderLease
 
+from .capacity import Spreader
 from .observe import Observer
 from .planner import Decision, Tick
 from .registry import JobRegistry
@@ -50,6 +51,17 @@ class Leadership:
         #: Per leader-mode job, the first tick this replica left to a leader since it last
         #: caught the job up: where a catch-up starts for a job the ledger has no row of.
         self._left: dict[str, datetime] = {}
+        #: Where the dispatcher leaves ticks for its threads or other replicas (a shared
+        #: backend): the first for leader-mode ticks while this replica leads.
+        self.spreader: Spreader | None = None
+
+    def adopt(self, spreader: Spreader | None) -> Spreader | None:
+        """Lead through ``spreader``: first for the leader-mode jobs' ticks while leading,
+        and none of them kept once no longer leading. Returns it."""
+        self.spreader = spreader
+        if spreader is not None:
+            spreader.first_for = self.first_for
+        return spreader
 
     def led(self, job: str) -> bool:
         """Whether ``job`` is a leader-mode job."""
@@ -82,14 +94,6 @@ class Leadership:
         lease = self._lease
         return self._contending and (lease is None or lease.leading())
 
-    @property
-    def leader(self) -> str | None:
-        """The leader as last seen (this replica where the backend has no lease)."""
-        if self._lease is None:
-            return self._observer.replica_id
-        seen = self._lease.leader
-        return None if seen is None else seen.holder
-
     def step(self, catch_up: list[str]) -> tuple[list[str], dict[str, datetime]]:
         """At each step, of the jobs ``catch_up`` asks to catch up: those this replica
         catches up, with where to start for those the ledger has no row of. When it just
@@ -113,6 +117,7 @@ class Leadership:
         self._was_leading = leading
         observer = self._observer
         if not leading:
+            self._drop_deferred()
             observer.log(
                 logging.WARNING, "leader_lost", "this replica is no longer the leader: it "
                 "leaves the ticks of leader-mode jobs to the next one",
@@ -129,6 +134,16 @@ class Leadership:
         )  # fmt: skip
         observer.notify("on_leader_gained", observer.replica_id)
         return names, since
+
+    def _drop_deferred(self) -> None:
+        """No longer the leader: the leader-mode ticks this replica deferred (for a free
+        thread) are the next leader's, who catches them up; claimed here, they would be
+        claimed by a replica that no longer leads."""
+        spreader = self.spreader
+        if spreader is None:
+            return
+        for job in [job for job in spreader.deferred if self.led(job)]:
+            self._left.setdefault(job, spreader.deferred.pop(job).scheduled_at)
 
     def sift(self, immediate: list[Tick], decision: Decision) -> list[Tick]:
         """The step's ticks to claim (``immediate`` and those ``decision`` found due), and
