@@ -154,30 +154,34 @@ class Housekeeper:
             self._live_until = self._statements.sent_at() + self._stale_after.total_seconds()
             if not self._admitted:
                 await self._check_modes()
-            await self._lead()
 
     async def lead_now(self) -> None:
         """Leader mode, as this replica starts contending: take the lease now if it is free,
-        rather than at the next heartbeat."""
+        rather than at the next heartbeat (whose statement takes and renews it after)."""
         async with self._beating:
+            if not self._contending():
+                return
+            sent = time.monotonic()
             try:
-                await self._lead()
+                found = await self._statements.fetch(
+                    "leader_lease", retry=True, replica=self.replica_id,
+                    leader_lease=self._leader_lease,
+                )  # fmt: skip
             except Exception as exc:  # the heartbeats try again
                 logger.warning("leader lease: %s", exc, extra={"event": "lock_error"})
+                return
+            self._led(sent, *(found[0][:2] if found else (None, 0)))
 
-    async def _lead(self) -> None:
-        """Leader mode: take, renew or watch the leader lease. Held, it counts from before
-        this statement is sent (so before the server's now(): it ends here first), read here
-        since a pooled session's last round trip may be another statement's."""
-        leader = self.leader
-        if not leader.contending or self.leaving or self.refusal is not None:
-            return
-        sent = time.monotonic()
-        found = await self._statements.fetch(
-            "leader_lease", retry=True, replica=self.replica_id, lease=self._leader_lease
-        )
-        holder, epoch = (found[0][0], found[0][1]) if found else (None, 0)
-        leader.seen(holder, epoch, sent, self._leader_lease.total_seconds())
+    def _contending(self) -> bool:
+        return self.leader.contending and not self.leaving and self.refusal is None
+
+    def _led(self, sent: float, holder: str | None, epoch: int | None) -> None:
+        """Leader mode: a compare-and-set of the lease sent at ``sent`` (monotonic, read
+        before the statement: before the server's now(), so the term ends here first; not
+        the session's last round trip, which on a pool may be another statement's) found
+        ``holder``."""
+        if epoch is not None:
+            self.leader.seen(holder, epoch, sent, self._leader_lease.total_seconds())
 
     async def admit(self) -> None:
         """Before a claim: raise :class:`MixedModesError` unless this replica may claim. A
@@ -236,14 +240,19 @@ class Housekeeper:
     async def _advisory_heartbeat(self) -> None:
         offset = self._offsets.current
         sent = self.runs.to_heartbeat()
-        [(ours, db_now, refreshed, held, peers)] = await self._statements.fetch(
+        contending, before = self._contending(), time.monotonic()
+        [(ours, db_now, refreshed, held, peers, *leader)] = await self._statements.fetch(
             "heartbeat",
             run_ids=sent,
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
             leaving=self.leaving,
+            contending=contending,
+            leader_lease=self._leader_lease,
         )
+        if contending:
+            self._led(before, *leader)
         self.peers = frozenset(peers) | {self.replica_id}
         if not ours:  # advisory: it ran on another server session than the lock session's
             refuse_pooler(self._statements, self.replica_id)
@@ -263,7 +272,10 @@ class Housekeeper:
         runs = self.runs
         sent = runs.to_heartbeat()
         locked = runs.locks.runs()
-        [(db_now, refreshed, relocked, peers, *server)] = await self._statements.fetch(
+        contending, before = self._contending(), time.monotonic()
+        [
+            (db_now, refreshed, relocked, peers, holder, epoch, *server)
+        ] = await self._statements.fetch(
             "lease_heartbeat",
             retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
             run_ids=sent,
@@ -273,7 +285,11 @@ class Housekeeper:
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
             leaving=self.leaving,
+            contending=contending,
+            leader_lease=self._leader_lease,
         )
+        if contending:
+            self._led(before, holder, epoch)
         self.peers = frozenset(peers) | {self.replica_id}
         self._clock_sample(db_now)
         # Connections of a pool are not checked as they open: the heartbeat checks the server.

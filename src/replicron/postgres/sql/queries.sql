@@ -324,7 +324,8 @@ ORDER BY 1;
 -- its clock offset, and return: whether it ran on our server session, the database clock,
 -- the open runs refreshed (an open run not among them was recorded by someone else: a
 -- janitor), the advisory locks this session really holds, and the replicas of the namespace
--- seen lately (the peers a burst is spread over).
+-- seen lately (the peers a burst is spread over); in leader mode, the lease's holder and epoch
+-- after its compare-and-set.
 WITH refreshed AS (
     UPDATE replicron_runs SET heartbeat_at = now(), backend_pid = pg_backend_pid()
     WHERE run_id = ANY(%(run_ids)s::bigint[]) AND outcome IS NULL
@@ -348,6 +349,25 @@ WITH refreshed AS (
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
+), led AS (
+    -- Leader mode, while this replica contends: the leader lease's compare-and-set (see
+    -- leader_lease) rides along.
+    INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
+    SELECT %(namespace)s, %(replica)s, 1, now(), now() + %(leader_lease)s::interval
+    WHERE %(contending)s::boolean
+    ON CONFLICT (namespace) DO UPDATE
+    SET holder = EXCLUDED.holder,
+        epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
+        acquired_at = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.acquired_at
+                           ELSE now() END,
+        expires_at = EXCLUDED.expires_at
+    WHERE lease.holder = EXCLUDED.holder OR lease.expires_at < now()
+    RETURNING holder, epoch
+), leader AS (
+    SELECT holder, epoch FROM led
+    UNION ALL
+    SELECT holder, epoch FROM replicron_leaders
+    WHERE namespace = %(namespace)s AND %(contending)s::boolean AND NOT EXISTS (SELECT 1 FROM led)
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -359,7 +379,8 @@ SELECT (pg_backend_pid() = %(pid)s
        ARRAY(SELECT replica_id FROM replicron_replicas
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
-       AS peers;
+       AS peers,
+       (SELECT holder FROM leader), (SELECT epoch FROM leader);
 
 -- name: clock_sample
 -- A cheap round trip to measure the offset of this replica's clock from the database's.
@@ -646,7 +667,7 @@ SELECT clock_timestamp();
 -- and whether this statement took or renewed it.
 WITH taken AS (
     INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
-    VALUES (%(namespace)s, %(replica)s, 1, now(), now() + %(lease)s::interval)
+    VALUES (%(namespace)s, %(replica)s, 1, now(), now() + %(leader_lease)s::interval)
     ON CONFLICT (namespace) DO UPDATE
     SET holder = EXCLUDED.holder,
         epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
