@@ -140,3 +140,17 @@ def test_the_lease_length_is_the_runs_lease() -> None:
     backend = PostgresBackend("postgresql://x@127.0.0.1/x", heartbeat_interval=5, stale_after=20)
     assert backend.lease == 15
     assert timedelta(seconds=backend.lease) == backend._housekeeper._leader_lease
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_replica_that_does_not_contend_leaves_the_lease_alone(
+    dsn: str, mode: CoordinationMode
+) -> None:
+    async def main() -> None:
+        async with opened(dsn, "a", coordination=mode, heartbeat_interval=0.1) as a:
+            await asyncio.sleep(0.5)  # heartbeats go by
+            assert a.leader is None
+            assert not a.leading()
+        assert sql(dsn, "SELECT count(*) FROM replicron_leaders") == [(0,)]
+
+    asyncio.run(main())

@@ -256,25 +256,10 @@ WITH mine AS MATERIALIZED (
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
-), led AS (
-    -- Leader mode, while this replica contends: the leader lease's compare-and-set (see
-    -- leader_lease) rides along.
-    INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
-    SELECT %(namespace)s, %(replica)s, 1, now(), now() + %(leader_lease)s::interval
+), leader AS MATERIALIZED (
+    -- Leader mode, while this replica contends: the lease's compare-and-set rides along.
+    SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval)
     WHERE %(contending)s::boolean
-    ON CONFLICT (namespace) DO UPDATE
-    SET holder = EXCLUDED.holder,
-        epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
-        acquired_at = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.acquired_at
-                           ELSE now() END,
-        expires_at = EXCLUDED.expires_at
-    WHERE lease.holder = EXCLUDED.holder OR lease.expires_at < now()
-    RETURNING holder, epoch
-), leader AS (
-    SELECT holder, epoch FROM led
-    UNION ALL
-    SELECT holder, epoch FROM replicron_leaders
-    WHERE namespace = %(namespace)s AND %(contending)s::boolean AND NOT EXISTS (SELECT 1 FROM led)
 )
 SELECT clock_timestamp(),
        ARRAY(SELECT run_id FROM refreshed) AS refreshed,

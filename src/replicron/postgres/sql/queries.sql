@@ -349,25 +349,10 @@ WITH refreshed AS (
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
-), led AS (
-    -- Leader mode, while this replica contends: the leader lease's compare-and-set (see
-    -- leader_lease) rides along.
-    INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
-    SELECT %(namespace)s, %(replica)s, 1, now(), now() + %(leader_lease)s::interval
+), leader AS MATERIALIZED (
+    -- Leader mode, while this replica contends: the lease's compare-and-set rides along.
+    SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval)
     WHERE %(contending)s::boolean
-    ON CONFLICT (namespace) DO UPDATE
-    SET holder = EXCLUDED.holder,
-        epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
-        acquired_at = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.acquired_at
-                           ELSE now() END,
-        expires_at = EXCLUDED.expires_at
-    WHERE lease.holder = EXCLUDED.holder OR lease.expires_at < now()
-    RETURNING holder, epoch
-), leader AS (
-    SELECT holder, epoch FROM led
-    UNION ALL
-    SELECT holder, epoch FROM replicron_leaders
-    WHERE namespace = %(namespace)s AND %(contending)s::boolean AND NOT EXISTS (SELECT 1 FROM led)
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -662,25 +647,9 @@ SELECT clock_timestamp();
 
 -- name: leader_lease
 -- Leader mode: take the namespace's leader lease if nobody holds it or its holder's lease
--- ran out (a compare-and-set on the database's clock), or renew it if this replica holds it;
--- a new holder bumps the epoch. Answers the holder as it is after the statement, its epoch,
--- and whether this statement took or renewed it.
-WITH taken AS (
-    INSERT INTO replicron_leaders AS lease (namespace, holder, epoch, acquired_at, expires_at)
-    VALUES (%(namespace)s, %(replica)s, 1, now(), now() + %(leader_lease)s::interval)
-    ON CONFLICT (namespace) DO UPDATE
-    SET holder = EXCLUDED.holder,
-        epoch = lease.epoch + (lease.holder <> EXCLUDED.holder)::int,
-        acquired_at = CASE WHEN lease.holder = EXCLUDED.holder THEN lease.acquired_at
-                           ELSE now() END,
-        expires_at = EXCLUDED.expires_at
-    WHERE lease.holder = EXCLUDED.holder OR lease.expires_at < now()
-    RETURNING holder, epoch
-)
-SELECT holder, epoch, true FROM taken
-UNION ALL
-SELECT holder, epoch, false FROM replicron_leaders
-WHERE namespace = %(namespace)s AND NOT EXISTS (SELECT 1 FROM taken);
+-- ran out, or renew it if this replica holds it (replicron_lead); answers the holder after
+-- it and its epoch.
+SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval);
 
 -- name: leader_now
 -- Leader mode, for the status: the namespace's leader, if its lease has not run out.
