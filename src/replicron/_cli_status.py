@@ -108,6 +108,8 @@ def _print_replicas(status: ClusterStatus) -> None:
         jobs = str(len(replica.jobs))
         table.append((replica.replica_id, alive, jobs, _iso(replica.last_seen), offset))
     _print_table(table)
+    if status.leader is not None:
+        print(f"leader: {status.leader}")
 
 
 def _print_table(table: Sequence[Sequence[str]]) -> None:

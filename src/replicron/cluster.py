@@ -192,6 +192,8 @@ class ClusterStatus:
     jobs: tuple[JobView, ...]
     replicas: tuple[ReplicaStatus, ...]
     registrations: tuple[Registration, ...] = field(default=(), repr=False)
+    #: Leader mode: the replica holding the leader lease, if any (and its lease is current).
+    leader: str | None = None
 
     def job(self, name: str) -> JobView | None:
         return next((view for view in self.jobs if view.job == name), None)
@@ -276,6 +278,7 @@ class ClusterStatus:
                 }
                 for r in self.replicas
             ],
+            "leader": self.leader,
             "problems": self.problems(),
         }
 

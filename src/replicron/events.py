@@ -116,6 +116,12 @@ class Listener:
     def on_stopped(self, replica_id: str) -> Any:
         """The scheduler stopped: every run ended or was cut off, every outcome written."""
 
+    def on_leader_gained(self, replica_id: str) -> Any:
+        """This replica became the leader: it claims the ticks of the leader-mode jobs."""
+
+    def on_leader_lost(self, replica_id: str) -> Any:
+        """This replica is no longer the leader (its lease ran out or went to another)."""
+
     def on_job_added(self, name: str) -> Any:
         """A job was added while the scheduler runs."""
 

@@ -46,6 +46,10 @@ Series, and when they are left out:
     came within the last ``3 * cluster_every`` seconds (at least 15, real time); else 0.
     After a start it is 1 for that long before the first read. With a backend that keeps no
     cluster view (a third-party one, say) it is 0 once that time has passed.
+``replicron_leader``
+    Leader mode: 1 while this replica is the leader (it claims the leader-mode jobs' ticks),
+    else 0 (also without leader-mode jobs). Summed over the replicas of a deployment in leader
+    mode it is 1; 0 for longer than ``stale_after`` means nobody leads.
 ``replicron_job_last_success_timestamp_seconds{job}``
     When the job's latest successful run in the cluster finished (Unix time); left out for a
     job that never succeeded.
@@ -274,8 +278,9 @@ class ReplicronCollector:
         changes = backend.server_changes if isinstance(backend, ServerChanges) else None
         (
             runs, duration, lateness, lock_errors, clock_offset, up, last_success, overdue,
-            server_changes,
+            server_changes, leader,
         ) = families = self._families()  # fmt: skip
+        leader.add_metric([], 1.0 if running and scheduler.is_leader else 0.0)
         with self._lock:
             # Forgotten at the first scrape after the job's removal: its series go, and a
             # job added again under the name starts from 0.
@@ -336,6 +341,7 @@ class ReplicronCollector:
         GaugeMetricFamily,
         GaugeMetricFamily,
         CounterMetricFamily,
+        GaugeMetricFamily,
     ]:
         return (
             CounterMetricFamily(
@@ -380,6 +386,9 @@ class ReplicronCollector:
             CounterMetricFamily(
                 "replicron_server_changes",
                 "Times the database server changed under this replica (a failover).",
+            ),
+            GaugeMetricFamily(
+                "replicron_leader", "1 while this replica is the leader (leader mode), else 0."
             ),
         )
 

@@ -82,6 +82,7 @@ class _JobsAPI:
         listeners: Sequence[Listener] = (),
         max_workers: int = _DEFAULT_WORKERS,
         defer_gc: bool = False,
+        leader: bool = False,
     ) -> None:
         zone = resolve_zone(timezone)
         if max_concurrent_jobs is not None and (
@@ -101,6 +102,8 @@ class _JobsAPI:
             raise InvalidJobOptionError(f"max_workers must be at least 1, not {max_workers!r}")
         if not isinstance(defer_gc, bool):
             raise InvalidJobOptionError(f"defer_gc must be True or False, not {defer_gc!r}")
+        if not isinstance(leader, bool):
+            raise InvalidJobOptionError(f"leader must be True or False, not {leader!r}")
         if clock is not None and not isinstance(clock, Clock):
             raise InvalidJobOptionError(
                 f"clock must be a replicron Clock (SystemClock(), FakeClock(), ...), not {clock!r}"
@@ -124,6 +127,7 @@ class _JobsAPI:
             defer_gc=defer_gc,
             logger=_logger,
         )
+        self._engine.leadership.by_default(leader)
         self._init_face()
 
     def _init_face(self) -> None:
@@ -136,6 +140,12 @@ class _JobsAPI:
     @property
     def clock(self) -> Clock:
         return self._engine.clock
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this replica holds the leader lease now, and so claims the ticks of the
+        leader-mode jobs (see ``leader``); a backend of one process is its own leader."""
+        return self._engine.leadership.leading()
 
     @property
     def running(self) -> bool:
@@ -166,6 +176,7 @@ class _JobsAPI:
         max_runs: int | None = None,
         catch_up: CatchUp = "latest",
         misfire_grace: timedelta | float | None = None,
+        leader: bool | None = None,
         **kwargs: Any,
     ) -> Job:
         """Register ``func(*args, **kwargs)`` to run at each tick of ``trigger``.
@@ -180,6 +191,7 @@ class _JobsAPI:
             trigger, func, args, kwargs, name=name, tags=tags, overlap=overlap,
             timeout=timeout, start_at=start_at, stop_at=stop_at, max_runs=max_runs,
             catch_up=catch_up, misfire_grace=misfire_grace, default_tz=registry.timezone,
+            leader=leader,
         )  # fmt: skip
         registry.add_job(spec)
         return Job(registry, spec.name)

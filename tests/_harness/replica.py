@@ -34,7 +34,9 @@ from typing import Any
 
 from replicron import (
     EmbeddedBackend,
+    Listener,
     ReplicronError,
+    RunEvent,
     Scheduler,
     SystemClock,
     current_run,
@@ -145,6 +147,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--fail-while", type=Path, help="runs fail while this file says fail")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port")
     parser.add_argument("--cluster-every", type=float, default=0.5, help="the collector's")
+    parser.add_argument("--leader", action="store_true", help="Scheduler(leader=True)")
     return parser.parse_args(argv)
 
 
@@ -163,8 +166,32 @@ def make_backend(args: argparse.Namespace) -> Backend:
     return PostgresBackend(args.dsn, **options)
 
 
-def make_scheduler(args: argparse.Namespace, task: Callable[[], None]) -> Scheduler:
+class LeadershipEvents(Listener):
+    """Leader mode: ``leader`` events, ``gained`` true or false, as the scheduler tells; and
+    ``taken`` events, a tick this replica tried to claim and found claimed (a standby never
+    tries a leader-mode tick)."""
+
+    def __init__(self, events: EventLog) -> None:
+        self._events = events
+
+    def on_leader_gained(self, replica_id: str) -> None:
+        self._events.write("leader", gained=True)
+
+    def on_leader_lost(self, replica_id: str) -> None:
+        self._events.write("leader", gained=False)
+
+    def on_taken(self, event: RunEvent) -> None:
+        self._events.write("taken", job=event.job, tick=event.scheduled_at.isoformat())
+
+
+def make_scheduler(
+    args: argparse.Namespace, task: Callable[[], None], events: EventLog | None = None
+) -> Scheduler:
     options: dict[str, Any] = {}
+    if args.leader:
+        options["leader"] = True
+        if events is not None:
+            options["listeners"] = [LeadershipEvents(events)]
     if args.max_workers is not None:
         options["max_workers"] = args.max_workers
     if args.clock_offset_ms:
@@ -208,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     events = EventLog(args.events, args.replica_id)
     table = RunsTable(args.dsn, args.replica_id) if args.runs_table else None
     task = make_task(events, table, args.task_ms / 1000, args.fail_while)
-    scheduler = make_scheduler(args, task)
+    scheduler = make_scheduler(args, task, events)
     metrics = Metrics(scheduler, args.cluster_every) if args.metrics else None
     try:
         scheduler.start()

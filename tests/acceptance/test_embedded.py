@@ -232,3 +232,50 @@ def test_a_corrupt_state_file_stops_the_replica_with_one_line(
     assert ledger.read_bytes() == garbage  # nothing written to it
     assert sorted(p.name for p in host.state_dir.iterdir()) == [LEDGER_NAME]
     summary(f"embedded corrupt state: exit {code}, {lines[0]}")
+
+
+def test_leader_mode_kill_9_of_the_leader_hands_the_lease_on(
+    host: Host, summary: Callable[[str], None]
+) -> None:
+    """Three processes in leader mode: only the leader runs the job; killed with SIGKILL, its
+    lock file is free at once and a standby takes the lease at its next try (every second),
+    then catches up the ticks that fell due meanwhile. Every tick has one row."""
+    job = "led"
+    for n in range(1, 4):
+        host.start(f"r{n}", job=job, task_ms=20, leader=True)
+    ready = datetime.fromtimestamp(host.wait_ready(), UTC)
+
+    def gained(after: float = 0.0) -> list[dict[str, Any]]:
+        return [e for e in host.events() if e["event"] == "leader" and e["mono"] > after]
+
+    [first] = host.wait_until("a leader", lambda: gained() or None, timeout=15)
+    time.sleep(3)
+    leader = host.current[str(first["replica"])]
+    before = {e["pid"] for e in host.events() if e["event"] == "start"}
+    assert before == {leader.pid}, "only the leader runs the job"
+    host.kill(str(first["replica"]))
+    killed = time.monotonic()
+    [taken] = host.wait_until("a new leader", lambda: gained(killed) or None, timeout=15)
+    takeover = float(taken["mono"]) - killed
+    time.sleep(3)
+    codes = host.stop()
+    assert set(codes.values()) == {0}, codes
+    successor = int(taken["pid"])
+    after = {e["pid"] for e in host.events() if e["event"] == "start" and e["mono"] > taken["mono"]}
+    assert after == {successor}, "only the new leader runs the job"
+    ledger = [r for r in host.ledger(job) if r.tick > ready]
+    ticks = [r.tick for r in ledger]
+    last = max(ticks)
+    expected = [
+        ticks[0] + timedelta(seconds=k) for k in range(round((last - ticks[0]).seconds) + 1)
+    ]
+    assert ticks == expected, "a tick is missing or recorded twice"
+    assert all(r.outcome is not None for r in ledger)
+    started = Counter(e["tick"] for e in host.events() if e["event"] == "start")
+    assert max(started.values()) == 1, "a tick ran twice"
+    outcomes = Counter(r.outcome for r in ledger)
+    summary(
+        f"embedded leader mode: leader {first['replica']} killed, {taken['replica']} took "
+        f"over in {takeover:.2f} s; {len(ledger)} ticks {dict(outcomes)}"
+    )
+    assert takeover < 1.0 + 2.0  # leader_retry, and a loaded host

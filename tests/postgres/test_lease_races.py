@@ -142,6 +142,7 @@ def test_a_heartbeat_and_a_claim_taking_the_same_job_locks_do_not_deadlock(dsn: 
     beat = {
         "namespace": "", "run_ids": runs, "epochs": [0, 0], "locked_runs": runs,
         "replica": "one", "offset_ms": None, "stale_after": timedelta(seconds=30), "leaving": False,
+        "contending": False, "leader_lease": timedelta(seconds=30),
     }  # fmt: skip
     ask = {
         "namespace": "", "jobs": ["a", "b"], "ticks": [tick(2)] * 2, "locks": [True, True],

@@ -18,7 +18,7 @@ from psycopg.conninfo import make_conninfo
 from replicron import Outcome, Scheduler, every
 from replicron.postgres import CoordinationMode, PostgresBackend, migrate
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, z
+from tests.helpers import Recorder, poll_until, z
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "postgres.md"
 
@@ -41,6 +41,7 @@ def runtime_dsn(dsn: str) -> Iterator[str]:
             owner.execute(
                 f"REVOKE EXECUTE ON FUNCTION replicron_runs_reached({signature}) FROM PUBLIC"
             )
+        owner.execute("REVOKE EXECUTE ON FUNCTION replicron_lead(text, text, interval) FROM PUBLIC")
         for grant in documented_grants():
             owner.execute(grant.replace(" TO app;", f" TO {role}"))
     try:
@@ -69,8 +70,10 @@ def test_the_documented_grants_are_all_a_replica_needs(
     backend = PostgresBackend(
         runtime_dsn, migrate=False, heartbeat_interval=0.2, coordination=coordination
     )
-    with Scheduler(clock=clock, backend=backend, listeners=[recorder]) as scheduler:
+    # In leader mode: the lease's row is read and written with the documented grants too.
+    with Scheduler(clock=clock, backend=backend, listeners=[recorder], leader=True) as scheduler:
         job = scheduler.add_job(every(seconds=10), _noop, name="limited", max_runs=1)
+        poll_until("the lease", lambda: scheduler.is_leader, 10)
         for k in (1, 2):
             clock.set(start + timedelta(seconds=10 * k))
             scheduler.wait_idle()

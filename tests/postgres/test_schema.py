@@ -120,6 +120,8 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
             "replicron_job_locks_pkey",
             "replicron_jobs",
             "replicron_jobs_pkey",
+            "replicron_leaders",
+            "replicron_leaders_pkey",
             "replicron_migrations",
             "replicron_migrations_pkey",
             "replicron_paused",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from replicron import EmbeddedBackend, Outcome, Scheduler, every
 from replicron.testing import FakeClock
-from tests.helpers import run_cli, z
+from tests.helpers import poll_until, run_cli, z
 
 START = z(2026, 1, 1)
 
@@ -169,3 +169,18 @@ def test_status_finds_the_backend_in_a_daemon_config(tmp_path: Path) -> None:
     bad = run_cli("status", "--config", str(config))
     assert bad.returncode == 2
     assert "state_dir: must be a string" in bad.stderr
+
+
+def test_status_names_the_leader_while_it_lives(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    with Scheduler(
+        clock=clock, backend=EmbeddedBackend(tmp_path), replica_id="node-1", leader=True
+    ) as s:
+        s.add_job(every(seconds=10), lambda: None, name="led")
+        poll_until("the lease", lambda: s.is_leader, 10)
+        status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
+        assert status["leader"] == "node-1"
+        table = run_cli("status", "--state-dir", str(tmp_path)).stdout.splitlines()
+        assert table[-1] == "leader: node-1"
+    status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
+    assert status["leader"] is None  # stopped: nobody leads

@@ -19,8 +19,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from replicron.daemon import ConfigError, DaemonConfig, JobConfig, check_config
-from replicron.daemon._build import make_trigger
-from replicron.daemon._daemon import make_backend, preview, validate
+from replicron.daemon._build import make_trigger, options_of
+from replicron.daemon._daemon import make_backend, make_scheduler, preview, validate
 from replicron.daemon.config import load_config, parse_config
 from replicron.postgres import PostgresBackend
 from replicron.triggers import upcoming
@@ -1079,3 +1079,36 @@ def test_values_nested_too_deeply_are_one_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(config, {})
     assert raised.value.problems == [f"{config}: values nested too deeply"]
+
+
+def test_leader_mode_is_set_for_the_scheduler_and_per_job() -> None:
+    text = (
+        '[scheduler]\nstate_dir = "/st"\nleader = true\n'
+        '[[job]]\nname = "led"\nevery = "1m"\ncommand = ["true"]\n'
+        '[[job]]\nname = "free"\nevery = "1m"\ncommand = ["true"]\nleader = false\n'
+    )
+    config = parsed(text)
+    assert config.scheduler.leader is True
+    assert [(job.name, job.leader) for job in config.jobs] == [("led", None), ("free", False)]
+    scheduler = make_scheduler(config.scheduler, None)
+    for job in config.jobs:
+        scheduler.add_job(make_trigger(job), lambda: None, **options_of(job))
+    assert [job.spec.leader for job in scheduler.jobs()] == [None, False]
+    assert parsed('[scheduler]\nstate_dir = "/st"\n').scheduler.leader is False
+    assert parsed(text, {"REPLICRON_LEADER": "no"}).scheduler.leader is False
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('[scheduler]\nleader = "sometimes"\n', "leader: must be true or false, not 'sometimes'"),
+        (
+            '[[job]]\nname = "j"\nevery = "1m"\ncommand = ["true"]\nleader = "yes"\n',
+            "job 'j': leader: must be true or false, not 'yes'",
+        ),
+    ],
+)
+def test_leader_mode_must_be_true_or_false(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parsed(text)
+    assert any(problem in line for line in caught.value.problems), caught.value.problems

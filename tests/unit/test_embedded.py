@@ -136,6 +136,7 @@ def test_a_new_state_dir_gets_a_wal_ledger_with_its_migrations(tmp_path: Path) -
         (1, "initial"),
         (2, "manual_runs"),
         (3, "job_registry_and_pauses"),
+        (4, "leader_lease"),
         (5, "run_requests"),
     ]
 

@@ -15,6 +15,7 @@ from replicron import (
     AsyncScheduler,
     ConfigurationError,
     MemoryBackend,
+    MemoryState,
     Outcome,
     RunEvent,
     Scheduler,
@@ -508,3 +509,30 @@ def _hand_view(
         missed=0,
         scheduled_by=scheduled_by,
     )
+
+
+def test_leader_is_1_on_the_leader_alone() -> None:
+    state = MemoryState()
+    clock = FakeClock(START)
+    schedulers = [
+        Scheduler(clock=clock, backend=MemoryBackend(state), replica_id=f"r{n}", leader=True)
+        for n in range(2)
+    ]
+    plain = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="plain")
+    registries = []
+    for scheduler in [*schedulers, plain]:
+        registry = CollectorRegistry()
+        registry.register(ReplicronCollector(scheduler))
+        registries.append(registry)
+    assert [r.get_sample_value("replicron_leader") for r in registries] == [0, 0, 0]
+    for scheduler in [*schedulers, plain]:
+        scheduler.start()
+        scheduler.wait_idle()
+    try:
+        assert [r.get_sample_value("replicron_leader") for r in registries] == [1, 0, 0]
+        schedulers[0].shutdown(timeout=5)
+        schedulers[1].wait_idle()
+        assert [r.get_sample_value("replicron_leader") for r in registries] == [0, 1, 0]
+    finally:
+        for scheduler in [*schedulers, plain]:
+            scheduler.shutdown(timeout=5)

@@ -87,6 +87,7 @@ EXPECTED = {
         "RunRequests",
     ],
     "replicron.backends.embedded": ["EmbeddedBackend", "LEDGER_NAME", "LOCKS_DIR"],
+    "replicron.backends.leadership": ["Leader", "LeaderLease", "LeaderTerm"],
     "replicron.events": ["Listener", "Outcome", "RunEvent"],
     "replicron.context": ["CancelReason", "RunContext", "current_run"],
     "replicron.clock": ["Clock", "ClusterClock", "SystemClock"],

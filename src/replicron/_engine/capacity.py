@@ -73,6 +73,9 @@ class Spreader:
         #: The first instant of the ticks held back for their first replica, and how many.
         self.held_until: datetime | None = None
         self._held = 0
+        #: Leader mode, on the leader: whether this replica is first for ``job`` whatever
+        #: the hashes (the leader claims every tick of a leader-mode job; the others none).
+        self.first_for: Callable[[str], bool] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.deferred)
@@ -89,6 +92,9 @@ class Spreader:
         second highest next, and so on: while each works off the jobs it is first for, no
         two insert the same rows, and a replica that has worked off its own goes on to help
         the others. Without peers known, a replica's own order."""
+        first_for = self.first_for
+        if first_for is not None and first_for(job):
+            return (0, 0)
         rank = self._ranks.get(job)
         if rank is None:
             mine = _hash(self._me, job)

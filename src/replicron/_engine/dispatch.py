@@ -23,6 +23,7 @@ from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
 from .capacity import Spreader, claim_margin
+from .leadership import Leadership
 from .observe import Observer
 from .planner import Tick, overlap_action
 from .recorder import Recorder
@@ -64,6 +65,7 @@ class Dispatcher:
         concurrency_mode: ConcurrencyMode,
         shared: SharedCoordination | None,
         claim_ahead: timedelta | None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._backend, self._clock, self._registry = backend, clock, registry
         self._runs, self._recorder, self._retries, self._observer = (
@@ -80,7 +82,8 @@ class Dispatcher:
         self._claim_times: deque[float] = deque(maxlen=_CLAIMS_TIMED)
         #: Claim by capacity (the backend is shared by replicas in other processes).
         self._shared = shared if shared is not None and shared.spreads_bursts else None
-        self.spreader = None if self._shared is None else Spreader(observer.replica_id)
+        spreader = None if self._shared is None else Spreader(observer.replica_id)
+        self.spreader = spreader if leadership is None else leadership.adopt(spreader)
 
     def prepare(self, ticks: list[Tick]) -> None:
         """Make, while idle, what claiming and starting the next instant's ``ticks`` will

@@ -32,6 +32,7 @@ from replicron.events import Listener
 from .background import Background
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
+from .leadership import Leadership
 from .lifecycle import Lifecycle
 from .membership import Membership, held_by_staying
 from .observe import Observer
@@ -104,11 +105,12 @@ class Engine:
         )  # fmt: skip
         self._retries = Retries()
         self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
+        self.leadership = Leadership(backend, self.registry, self.observer, self._poke)
         self._dispatcher = Dispatcher(
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
             recorder=self._recorder, retries=self._retries, observer=self.observer,
             max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
-            shared=shared,
+            shared=shared, leadership=self.leadership,
             # Only on real time: a fake clock's instants are the ones a test sets.
             claim_ahead=shared.claims_ahead
             if shared is not None and isinstance(clock, ClusterClock) else None,
@@ -273,6 +275,7 @@ class Engine:
         now = self.clock.now()
         lead = self._dispatcher.lead()
         decision, immediate, catch_up, manual = self.registry.take_due(now + lead)
+        catch_up, since = self.leadership.step(catch_up)
         retries = self._retries
         immediate += retries.early_due(now)
         # Each part is guarded on its own: a backend failure must not stop the scheduler,
@@ -280,7 +283,7 @@ class Engine:
         # handled again once the backend answers: no tick is dropped with a failed statement.
         retries.new_step()
         if catch_up:
-            found = await self._guarded(self._recovery.catch_up(catch_up, now), [])
+            found = await self._guarded(self._recovery.catch_up(catch_up, now, since), [])
             if isinstance(found, _Failed):
                 self.registry.catch_up_later(catch_up)
                 retries.retry_backend(now)
@@ -288,7 +291,7 @@ class Engine:
                 immediate += found
         if retries.unhandled:
             immediate += await self._recovery.resync(now, {tick.job for tick in decision.due})
-        due, replaced = self._dispatcher.within_capacity(immediate + decision.due)
+        due, replaced = self._dispatcher.within_capacity(self.leadership.sift(immediate, decision))
         self._stepping = due + decision.missed + replaced
         if due:
             if immediate:
@@ -391,6 +394,7 @@ class Engine:
     def _job_changed(self, hook: str, name: str) -> None:
         """A job was added, updated or removed (any thread): told to the listeners on the
         loop, while the scheduler runs."""
+        self.leadership.job_changed(name)
         loop = self._loop
         if loop is not None and self.life.running and self.cluster.supported:
             with contextlib.suppress(RuntimeError):  # loop closed in between

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Mapping
 from datetime import datetime
 
 from replicron.backends.base import Backend
@@ -44,13 +45,18 @@ class Recovery:
         for tick in early:
             self._retries.early(tick, now)
 
-    async def catch_up(self, names: list[str], now: datetime) -> list[Tick]:
-        """Ticks of ``names`` missed since each one's last recorded tick: returns the first
-        to run now (the rest of a backlog runs one after another); records the others."""
+    async def catch_up(
+        self, names: list[str], now: datetime, since: Mapping[str, datetime] | None = None
+    ) -> list[Tick]:
+        """Ticks of ``names`` missed since each one's last recorded tick (or, for a job with
+        none, since its instant in ``since``): returns the first to run now (the rest of a
+        backlog runs one after another); records the others."""
         runs: list[Tick] = []
         lasts = await self._backend.last_ticks(names)
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
+            if last is None and since:
+                last = since.get(name)
             if state is None or last is None:
                 continue
             spec = state.spec

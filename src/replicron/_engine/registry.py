@@ -34,6 +34,7 @@ __all__ = ["JobRegistry", "JobState", "event_of"]
 #: The options ``Job.update`` may change, and the spec fields they come from.
 _UPDATABLE = (
     "tags", "overlap", "timeout", "start_at", "stop_at", "max_runs", "catch_up", "misfire_grace",
+    "leader",
 )  # fmt: skip
 
 #: Microseconds a manual run's instant moves at most to step off the job's ticks.

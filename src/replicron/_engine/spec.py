@@ -48,6 +48,9 @@ class JobSpec:
     max_runs: int | None
     catch_up: CatchUp
     misfire_grace: timedelta | None
+    #: Leader mode: only the replica holding the leader lease claims the job's ticks
+    #: (``None``: as the scheduler's ``leader`` option says).
+    leader: bool | None = None
     #: ``func`` with its arguments bound: one call per run, no argument unpacking.
     call: Callable[[], Any] = field(init=False, repr=False, compare=False)
 
@@ -74,6 +77,7 @@ def build_job_spec(
     catch_up: str,
     misfire_grace: timedelta | float | None,
     default_tz: tzinfo,
+    leader: bool | None = None,
 ) -> JobSpec:
     """Validate every part of a job; errors name the job and the field."""
     if not callable(func):
@@ -96,6 +100,8 @@ def build_job_spec(
         raise bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
     if catch_up not in _CATCH_UP:
         raise bad("catch_up", f"must be one of {', '.join(_CATCH_UP)}, not {catch_up!r}")
+    if leader is not None and not isinstance(leader, bool):
+        raise bad("leader", f"must be True, False or None (the scheduler's), not {leader!r}")
     if max_runs is not None and (
         isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
     ):
@@ -125,6 +131,7 @@ def build_job_spec(
         max_runs=max_runs,
         catch_up=catch_up,  # type: ignore[arg-type]
         misfire_grace=_duration(job, "misfire_grace", misfire_grace, allow_zero=True),
+        leader=leader,
     )
 
 

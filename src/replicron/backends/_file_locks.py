@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from filelock import FileLock
 
-__all__ = ["FileLocks"]
+__all__ = ["FileLocks", "release", "try_hold"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -58,22 +58,12 @@ class FileLocks:
         if self.holder(key) is not None:
             return False
         path = str(self.path(key))
-        with _process_guard:
-            if path in _process_held:
-                return False
-            _process_held.add(path)
-        try:
-            held = self._files.get(key)
-            if held is None:
-                lock = filelock.FileLock(path, timeout=0, thread_local=False)
-                held = self._files[key] = _LockFile(path, lock)
-            held.lock.acquire(timeout=0)
-        except filelock.Timeout:
-            _forget(path)
+        held = self._files.get(key)
+        if held is None:
+            lock = filelock.FileLock(path, timeout=0, thread_local=False)
+            held = self._files[key] = _LockFile(path, lock)
+        if not try_hold(held.path, held.lock):
             return False
-        except BaseException:
-            _forget(path)
-            raise
         held.run_id = run_id
         return True
 
@@ -82,10 +72,7 @@ class FileLocks:
         if held is None:
             return
         held.run_id = None
-        try:
-            held.lock.release(force=True)
-        finally:
-            _forget(held.path)
+        release(held.path, held.lock)
 
     def unlock_all(self) -> None:
         """Drop every lock this handle holds, and its lock objects."""
@@ -93,6 +80,34 @@ class FileLocks:
             if held.run_id is not None:
                 self.unlock(key)
         self._files.clear()
+
+
+def try_hold(path: str, lock: FileLock) -> bool:
+    """Take ``lock`` (the file at ``path``) without waiting, unless a handle of this process
+    has it."""
+    import filelock
+
+    with _process_guard:
+        if path in _process_held:
+            return False
+        _process_held.add(path)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        _forget(path)
+        return False
+    except BaseException:
+        _forget(path)
+        raise
+    return True
+
+
+def release(path: str, lock: FileLock) -> None:
+    """Drop ``lock``, held through :func:`try_hold`."""
+    try:
+        lock.release(force=True)
+    finally:
+        _forget(path)
 
 
 def _forget(path: str) -> None:

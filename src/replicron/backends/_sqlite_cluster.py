@@ -5,6 +5,7 @@ the replicas share the host's clock, so none has an offset."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -213,7 +214,8 @@ def read_cluster(ledger: Ledger) -> ClusterStatus:
         pauses = [Pause(job, from_micros(at), by) for job, at, by in conn.execute(sql("pauses"))]
         jobs = [job for (job,) in conn.execute(sql("ledger_jobs"))]
         ledger_rows = [_job_status(conn, job) for job in sorted(jobs)]
-    return build_status(
+        holder = conn.execute(sql("leader_seen")).fetchone()
+    status = build_status(
         "",
         from_micros(now),
         ledger_rows,
@@ -231,6 +233,9 @@ def read_cluster(ledger: Ledger) -> ClusterStatus:
             for r in replicas
         ],
     )
+    # The lease is a lock file: its holder leads while its process lives and has not stopped.
+    leader = holder[0] if holder is not None and alive.get(holder[0], False) else None
+    return dataclasses.replace(status, leader=leader)
 
 
 def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:

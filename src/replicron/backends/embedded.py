@@ -37,6 +37,7 @@ from ._call_thread import CallThread
 from ._claims import ClaimBatch
 from ._file_locks import FileLocks
 from ._janitor import Janitor
+from ._leader_lock import LEADER_LOCK, LeaderLock, LeaderMethods
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
@@ -55,7 +56,7 @@ LOCKS_DIR = "locks"
 _LOST = "claimed, but its caller was cancelled before it heard; not run"
 
 
-class EmbeddedBackend(ClusterMethods):
+class EmbeddedBackend(ClusterMethods, LeaderMethods):
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
 
     ``busy_timeout``: how long a write waits for another process's transaction (seconds).
@@ -77,6 +78,7 @@ class EmbeddedBackend(ClusterMethods):
         busy_timeout: float = 5.0,
         retention: timedelta = timedelta(days=14),
         janitor_interval: float = 60.0,
+        leader_retry: float = 1.0,
     ) -> None:
         if sys.platform == "win32":
             raise ConfigurationError("EmbeddedBackend needs a POSIX system (Linux, macOS, BSD)")
@@ -89,6 +91,8 @@ class EmbeddedBackend(ClusterMethods):
             raise ConfigurationError("busy_timeout must be positive")
         if not janitor_interval > 0:
             raise ConfigurationError("janitor_interval must be positive")
+        if not leader_retry > 0:
+            raise ConfigurationError("leader_retry must be positive")
         if retention <= timedelta(0):
             raise ConfigurationError("retention must be positive")
         self.state_dir = Path(state_dir)
@@ -104,6 +108,9 @@ class EmbeddedBackend(ClusterMethods):
         self._claimant = Claimant("", os.getpid(), None)
         self._janitor = Janitor("", retention, janitor_interval)
         self._io: CallThread | None = None  # the thread every blocking call runs on
+        self.leader_retry = leader_retry
+        self._leader = LeaderLock(self.state_dir / LEADER_LOCK)
+        self._leader_task = None
 
     @property
     def ledger_path(self) -> Path:
@@ -163,6 +170,9 @@ class EmbeddedBackend(ClusterMethods):
             raise
 
     async def close(self) -> None:
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+            self._leader_task = None
         io, self._io = self._io, None  # calls from now on are refused
         if io is not None:
             await io.end(self._close_ledger)  # behind the calls under way
@@ -229,6 +239,7 @@ class EmbeddedBackend(ClusterMethods):
             join(conn, self.replica_id, since)
 
     def _leave(self) -> dict[str, datetime] | None:
+        self._leader.unlock()  # a standby takes over at its next try
         return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:
@@ -249,6 +260,7 @@ class EmbeddedBackend(ClusterMethods):
         finally:
             self._open.clear()
             self._locks.unlock_all()
+            self._leader.unlock()
             if ledger is not None:
                 ledger.close()
 

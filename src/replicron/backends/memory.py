@@ -7,6 +7,7 @@ Each :class:`MemoryBackend` is one replica's handle; handles built on the same
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from array import array
 from bisect import bisect_left
@@ -36,6 +37,7 @@ from .base import (
     pack_record,
     unpack_record,
 )
+from .leadership import Leader
 
 __all__ = ["MemoryBackend", "MemoryState"]
 
@@ -88,6 +90,10 @@ class MemoryState:
         self.registry: dict[tuple[str, str], tuple[JobDefinition, datetime]] = {}
         #: Handles open now, with when they opened.
         self.replicas: dict[str, datetime] = {}
+        #: Leader mode: the handles that contend for the lease (what to tell each of a
+        #: change), and who holds it. A holder keeps it until its handle closes.
+        self.contenders: dict[str, Callable[[], None]] = {}
+        self.leader: Leader | None = None
 
     def job(self, name: str) -> _JobState:
         state = self.jobs.get(name)
@@ -130,7 +136,41 @@ class MemoryBackend:
         with self.state.lock:
             self.state.replicas[replica_id] = datetime.now(UTC)
 
+    def contend(self, on_change: Callable[[], None]) -> None:
+        """Contend for the lease: it is this handle's at once if nobody holds it."""
+        state = self.state
+        with state.lock:
+            state.contenders[self.replica_id] = on_change
+            took = state.leader is None
+            if took:
+                state.leader = Leader(self.replica_id, 1)
+        if took:
+            on_change()
+
+    def leading(self) -> bool:
+        leader = self.state.leader
+        return leader is not None and leader.holder == self.replica_id
+
+    @property
+    def leader(self) -> Leader | None:
+        return self.state.leader
+
+    def _resign(self) -> None:
+        """The handle closes: the lease goes to another contender, if any is left."""
+        state = self.state
+        with state.lock:
+            state.contenders.pop(self.replica_id, None)
+            leader = state.leader
+            if leader is None or leader.holder != self.replica_id:
+                return
+            heir = min(state.contenders, default=None)
+            state.leader = None if heir is None else Leader(heir, leader.epoch + 1)
+            told = list(state.contenders.values())
+        for on_change in told:
+            on_change()
+
     async def close(self) -> None:
+        self._resign()
         with self.state.lock:
             self.state.replicas.pop(self.replica_id, None)
             for job in self.state.jobs.values():
@@ -313,7 +353,9 @@ class MemoryBackend:
                 for who, started in state.replicas.items()
             ]
             pauses = list(state.paused.values())
-        return build_status("", now, ledger, registrations, pauses, replicas)
+        status = build_status("", now, ledger, registrations, pauses, replicas)
+        leader = self.state.leader
+        return dataclasses.replace(status, leader=None if leader is None else leader.holder)
 
 
 def _registration(

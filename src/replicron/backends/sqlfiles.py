@@ -42,16 +42,13 @@ class SqlFiles:
         return found
 
     def migrations(self) -> tuple[Migration, ...]:
-        """The migrations in version order. Versions are unique; a gap is allowed (work on
-        two migrations may go on apart, each taking its number), and a version applied after
-        a higher one is still applied: each is recorded on its own."""
+        """The migrations in version order; versions must run 1, 2, 3 ... without gaps."""
         found = []
         for entry in self._dir().joinpath("migrations").iterdir():
             match = _MIGRATION_FILE.match(entry.name)
             if match:
                 found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
         found.sort()
-        versions = [m.version for m in found]
-        if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
-            raise RuntimeError(f"migrations must have unique numbers from 1: {found}")
+        if [m.version for m in found] != list(range(1, len(found) + 1)):
+            raise RuntimeError(f"migrations must be numbered 1..n without gaps: {found}")
         return tuple(found)

@@ -83,6 +83,7 @@ def options_of(job: JobConfig) -> dict[str, Any]:
         "max_runs": job.max_runs,
         "catch_up": job.catch_up,
         "misfire_grace": job.misfire_grace,
+        "leader": job.leader,
     }
 
 

@@ -37,7 +37,7 @@ READY_WITHIN = 3 * CLUSTER_EVERY
 LOOP_STALL = 10.0
 #: Settings that only a restart applies (a reload says so and keeps the running ones).
 _RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_id",
-                 "migrate", "session_pooler", "coordination",
+                 "migrate", "session_pooler", "coordination", "leader",
                  "max_workers", "max_concurrent_jobs", "concurrency_mode", "http",
                  "heartbeat_interval", "stale_after", "log_format")  # fmt: skip
 
@@ -70,6 +70,7 @@ def make_scheduler(settings: SchedulerConfig, backend: Backend | None) -> AsyncS
         max_concurrent_jobs=settings.max_concurrent_jobs,
         concurrency_mode=settings.concurrency_mode,  # type: ignore[arg-type]
         defer_gc=True,  # the daemon owns its process (DESIGN: opt-in for a library)
+        leader=settings.leader,
     )
 
 

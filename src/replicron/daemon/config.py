@@ -67,6 +67,7 @@ class SchedulerConfig:
     migrate: bool = True
     session_pooler: bool = False
     coordination: str = "advisory"
+    leader: bool = False  # leader mode for the jobs that do not say
 
     @property
     def backend_kind(self) -> str:
@@ -99,6 +100,7 @@ class JobConfig:
     stop_at: datetime | None = None
     max_runs: int | None = None
     ping_url: str | None = field(default=None, repr=False)  # a secret (a check's UUID)
+    leader: bool | None = None  # None: as the scheduler's
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ TRIGGER_KEYS = ("cron", "every", "between", "daily", "weekly", "monthly", "once"
 _JOB_KEYS = (
     "name", *TRIGGER_KEYS, "seconds", "at", "tz", "jitter", "command", "shell", "call", "args",
     "kwargs", "env", "cwd", "timeout", "kill_grace", "overlap", "catch_up", "misfire_grace",
-    "tags", "start_at", "stop_at", "max_runs", "ping_url",
+    "tags", "start_at", "stop_at", "max_runs", "ping_url", "leader",
 )  # fmt: skip
 _SCHEDULER_KEYS = tuple(f for f in SchedulerConfig.__dataclass_fields__)
 #: The options that only some triggers use: elsewhere they would be silently ignored.
@@ -242,8 +244,7 @@ class _Reader:
         stale_after = values.get("stale_after")
         if stale_after is not None and stale_after <= heartbeat:
             self.problems.append(
-                f"{where}: stale_after ({stale_after}) must be longer than heartbeat_interval "
-                f"({heartbeat})"
+                f"{where}: stale_after ({stale_after}) must exceed heartbeat_interval ({heartbeat})"
             )
         lease = values.get("coordination") == "lease"
         if lease and not values.get("database_url"):
@@ -271,7 +272,7 @@ class _Reader:
             if key == "max_workers" and value > MAX_WORKERS:
                 raise ValueProblem(f"must be at most {MAX_WORKERS} (a thread each), not {value!r}")
             return value
-        if key in ("migrate", "session_pooler"):
+        if key in ("migrate", "session_pooler", "leader"):
             if textual and isinstance(value, str) and value.strip().lower() in _BOOLEANS:
                 value = _BOOLEANS[value.strip().lower()]
             if not isinstance(value, bool):
@@ -371,7 +372,7 @@ class _Reader:
             return parse_instant(value)
         if key == "ping_url":
             return read_ping_url(value)
-        if key in ("seconds", "shell"):
+        if key in ("seconds", "shell", "leader"):
             if not isinstance(value, bool):
                 raise ValueProblem(f"must be true or false, not {value!r}")
             return value

@@ -6,6 +6,7 @@ without a running scheduler."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -94,8 +95,9 @@ async def read_cluster(
         for name in ("database_clock", "status", "registrations", "pauses", "replicas"):
             cursor = await conn.execute(q[name], params)
             rows[name] = await cursor.fetchall()
+        leader = await _leader(conn, q["leader_now"], params)
     [(now,)] = rows["database_clock"]
-    return build_status(
+    status = build_status(
         namespace,
         now,
         [job_status(row) for row in rows["status"]],
@@ -103,6 +105,18 @@ async def read_cluster(
         [Pause(*row) for row in rows["pauses"]],
         [replica_status(row) for row in rows["replicas"]],
     )
+    return dataclasses.replace(status, leader=leader)
+
+
+async def _leader(conn: psycopg.AsyncConnection[Any], query: str, params: Any) -> str | None:
+    """The leader, in the status's transaction; none on a schema without leader mode yet."""
+    try:
+        async with conn.transaction():  # a savepoint: its error leaves the rest of the read
+            cursor = await conn.execute(query, params)
+            found = await cursor.fetchall()
+    except psycopg.errors.UndefinedTable:
+        return None
+    return str(found[0][0]) if found else None
 
 
 async def set_paused(

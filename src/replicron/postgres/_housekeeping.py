@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
+from replicron.backends.leadership import LeaderTerm
+
 from ._advisory import refuse_pooler
 from ._failover import ServerIdentity, ServerWatch
 from ._lease import Lease
@@ -67,6 +69,9 @@ class Housekeeper:
         self._fence = fence_stale_holders
         self._write_pending = write_pending
         self.runs = HeldRuns(Lease(lease, self._lease_expired))
+        #: Leader mode: this replica's term as leader, as long as its runs' lease.
+        self.leader = LeaderTerm()
+        self._leader_lease = timedelta(seconds=lease)
         #: The server this replica talks to; a failover stops the held runs.
         self.server = ServerWatch(statements.namespace, held=self.runs.going_on,
                                   lose=self._lose)  # fmt: skip
@@ -102,7 +107,7 @@ class Housekeeper:
 
     def attach(self, replica_id: str, on_lock_lost: Callable[[Sequence[int]], None]) -> None:
         """Speak for ``replica_id`` from now on (before its session opens: it may be lost)."""
-        self.replica_id = self.server.replica_id = replica_id
+        self.replica_id = self.server.replica_id = self.leader.replica_id = replica_id
         self._on_lock_lost = on_lock_lost
 
     async def start(self) -> None:
@@ -150,6 +155,34 @@ class Housekeeper:
             if not self._admitted:
                 await self._check_modes()
 
+    async def lead_now(self) -> None:
+        """Leader mode, as this replica starts contending: take the lease now if it is free,
+        rather than at the next heartbeat (whose statement takes and renews it after)."""
+        async with self._beating:
+            if not self._contending():
+                return
+            sent = time.monotonic()
+            try:
+                found = await self._statements.fetch(
+                    "leader_lease", retry=True, replica=self.replica_id,
+                    leader_lease=self._leader_lease,
+                )  # fmt: skip
+            except Exception as exc:  # the heartbeats try again
+                logger.warning("leader lease: %s", exc, extra={"event": "lock_error"})
+                return
+            self._led(sent, *(found[0][:2] if found else (None, 0)))
+
+    def _contending(self) -> bool:
+        return self.leader.contending and not self.leaving and self.refusal is None
+
+    def _led(self, sent: float, holder: str | None, epoch: int | None) -> None:
+        """Leader mode: a compare-and-set of the lease sent at ``sent`` (monotonic, read
+        before the statement: before the server's now(), so the term ends here first; not
+        the session's last round trip, which on a pool may be another statement's) found
+        ``holder``."""
+        if epoch is not None:
+            self.leader.seen(holder, epoch, sent, self._leader_lease.total_seconds())
+
     async def admit(self) -> None:
         """Before a claim: raise :class:`MixedModesError` unless this replica may claim. A
         replica the others may have counted gone (a frozen process, a long partition) is
@@ -196,6 +229,9 @@ class Housekeeper:
         read once that is committed, with the instant each one joined at."""
         self.leaving = True
         await self._statements.fetch("replica_stopped", replica=self.replica_id)
+        if self.leader.contending:  # a standby takes over at its next heartbeat
+            self.leader.resigned()
+            await self._statements.fetch("leader_resign", replica=self.replica_id)
         staying = await self._statements.fetch(
             "replicas_staying", replica=self.replica_id, stale_after=self._stale_after
         )
@@ -204,14 +240,19 @@ class Housekeeper:
     async def _advisory_heartbeat(self) -> None:
         offset = self._offsets.current
         sent = self.runs.to_heartbeat()
-        [(ours, db_now, refreshed, held, peers)] = await self._statements.fetch(
+        contending, before = self._contending(), time.monotonic()
+        [(ours, db_now, refreshed, held, peers, *leader)] = await self._statements.fetch(
             "heartbeat",
             run_ids=sent,
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
             leaving=self.leaving,
+            contending=contending,
+            leader_lease=self._leader_lease,
         )
+        if contending:
+            self._led(before, *leader)
         self.peers = frozenset(peers) | {self.replica_id}
         if not ours:  # advisory: it ran on another server session than the lock session's
             refuse_pooler(self._statements, self.replica_id)
@@ -231,7 +272,10 @@ class Housekeeper:
         runs = self.runs
         sent = runs.to_heartbeat()
         locked = runs.locks.runs()
-        [(db_now, refreshed, relocked, peers, *server)] = await self._statements.fetch(
+        contending, before = self._contending(), time.monotonic()
+        [
+            (db_now, refreshed, relocked, peers, holder, epoch, *server)
+        ] = await self._statements.fetch(
             "lease_heartbeat",
             retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
             run_ids=sent,
@@ -241,7 +285,11 @@ class Housekeeper:
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
             leaving=self.leaving,
+            contending=contending,
+            leader_lease=self._leader_lease,
         )
+        if contending:
+            self._led(before, holder, epoch)
         self.peers = frozenset(peers) | {self.replica_id}
         self._clock_sample(db_now)
         # Connections of a pool are not checked as they open: the heartbeat checks the server.

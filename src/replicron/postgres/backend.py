@@ -33,6 +33,7 @@ from replicron.backends.base import (
     once_per_tick,
     taken_repeat,
 )
+from replicron.backends.leadership import Leader
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.keys import LockKeyRegistry, job_lock_key
 
@@ -159,6 +160,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         self._write_epochs: dict[int, int | None] = {}
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
+        self._leading_task: asyncio.Task[None] | None = None
 
     async def join(self, since: datetime) -> None:
         await self._housekeeper.join(since)
@@ -167,6 +169,19 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         """This replica stops claiming (it is shutting down): gone for the others at once,
         so that they no longer leave it ticks; returns the replicas that stay."""
         return await self._housekeeper.leave()
+
+    def contend(self, on_change: Callable[[], None]) -> None:
+        """Leader mode: seek the namespace's leader lease (now, and with every heartbeat);
+        held, it lasts as long as a run's lease (``stale_after - heartbeat_interval``)."""
+        self._housekeeper.leader.contend(on_change)
+        self._leading_task = asyncio.get_running_loop().create_task(self._housekeeper.lead_now())
+
+    def leading(self) -> bool:
+        return self._housekeeper.leader.leading()
+
+    @property
+    def leader(self) -> Leader | None:
+        return self._housekeeper.leader.leader
 
     @property
     def peers(self) -> frozenset[str]:

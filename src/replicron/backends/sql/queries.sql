@@ -266,3 +266,16 @@ SELECT replica_id, run_id, pid, pid_start
 FROM replicron_runs
 WHERE job = :job AND outcome IS NULL AND started_at IS NOT NULL
 ORDER BY run_id;
+
+-- ---- leader mode -------------------------------------------------------------------------
+
+-- name: leader_taken
+-- This replica took the leader lease's file lock: it is the holder now, one epoch on.
+INSERT INTO replicron_leaders (id, holder, epoch, acquired_at)
+VALUES (1, :replica, 1, :now)
+ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, epoch = replicron_leaders.epoch + 1,
+                               acquired_at = excluded.acquired_at;
+
+-- name: leader_seen
+-- Who holds the leader lease, as its holder last wrote.
+SELECT holder, epoch FROM replicron_leaders WHERE id = 1;

@@ -214,7 +214,8 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 -- Renew every lease this replica holds in one statement: its open rows (compare-and-set on
 -- claimant and epoch) and the job locks its runs hold (on the run that holds each); note the
 -- replica as seen; return the database's clock, the runs whose row was renewed, the runs whose
--- lock was renewed, the replicas of the namespace seen lately, and the server's identity.
+-- lock was renewed, the replicas of the namespace seen lately, in leader mode the lease's
+-- holder and epoch after its compare-and-set, and the server's identity.
 WITH mine AS MATERIALIZED (
     SELECT * FROM unnest(%(run_ids)s::bigint[], %(epochs)s::int[]) AS m(run_id, epoch)
 ), refreshed AS (
@@ -255,6 +256,10 @@ WITH mine AS MATERIALIZED (
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
+), leader AS MATERIALIZED (
+    -- Leader mode, while this replica contends: the lease's compare-and-set rides along.
+    SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval)
+    WHERE %(contending)s::boolean
 )
 SELECT clock_timestamp(),
        ARRAY(SELECT run_id FROM refreshed) AS refreshed,
@@ -263,6 +268,7 @@ SELECT clock_timestamp(),
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
        AS peers,
+       (SELECT holder FROM leader), (SELECT epoch FROM leader),
        -- The server's identity (see server_identity in failover.sql): a failover changes it.
        (SELECT system_identifier FROM pg_control_system()),
        ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int;

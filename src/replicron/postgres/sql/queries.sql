@@ -324,7 +324,8 @@ ORDER BY 1;
 -- its clock offset, and return: whether it ran on our server session, the database clock,
 -- the open runs refreshed (an open run not among them was recorded by someone else: a
 -- janitor), the advisory locks this session really holds, and the replicas of the namespace
--- seen lately (the peers a burst is spread over).
+-- seen lately (the peers a burst is spread over); in leader mode, the lease's holder and epoch
+-- after its compare-and-set.
 WITH refreshed AS (
     UPDATE replicron_runs SET heartbeat_at = now(), backend_pid = pg_backend_pid()
     WHERE run_id = ANY(%(run_ids)s::bigint[]) AND outcome IS NULL
@@ -348,6 +349,10 @@ WITH refreshed AS (
                             OR r.last_seen <= now() - coalesce(r.stale_after,
                                                                excluded.stale_after)
                           THEN now() ELSE r.started_at END
+), leader AS MATERIALIZED (
+    -- Leader mode, while this replica contends: the lease's compare-and-set rides along.
+    SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval)
+    WHERE %(contending)s::boolean
 )
 SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
@@ -359,7 +364,8 @@ SELECT (pg_backend_pid() = %(pid)s
        ARRAY(SELECT replica_id FROM replicron_replicas
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
-       AS peers;
+       AS peers,
+       (SELECT holder FROM leader), (SELECT epoch FROM leader);
 
 -- name: clock_sample
 -- A cheap round trip to measure the offset of this replica's clock from the database's.
@@ -662,3 +668,19 @@ ORDER BY replica_id;
 
 -- name: database_clock
 SELECT clock_timestamp();
+
+-- name: leader_lease
+-- Leader mode: take the namespace's leader lease if nobody holds it or its holder's lease
+-- ran out, or renew it if this replica holds it (replicron_lead); answers the holder after
+-- it and its epoch.
+SELECT * FROM replicron_lead(%(namespace)s, %(replica)s, %(leader_lease)s::interval);
+
+-- name: leader_now
+-- Leader mode, for the status: the namespace's leader, if its lease has not run out.
+SELECT holder FROM replicron_leaders WHERE namespace = %(namespace)s AND expires_at > now();
+
+-- name: leader_resign
+-- This replica stops: its leader lease ends now, so that a standby takes over at its next
+-- heartbeat rather than when the lease would have run out.
+UPDATE replicron_leaders SET expires_at = now()
+WHERE namespace = %(namespace)s AND holder = %(replica)s;
