@@ -463,6 +463,18 @@ def test_replicas_show_state_offset_and_jobs() -> None:
     assert "a, b" in section
     # Live replicas first.
     assert section.index("web-3") < section.index("web-2")
+    assert "LEADER" not in section
+
+
+def test_the_leader_replica_is_marked() -> None:
+    replicas = (
+        ReplicaStatus("web-1", None, None, NOW, NOW, True),
+        ReplicaStatus("web-2", None, None, NOW, NOW, True),
+    )
+    page = call(status_app(Source(ClusterStatus("", NOW, (), replicas, leader="web-2")))).text
+    section = page[page.index("Replicas (2)") :]
+    assert section.count("LEADER") == 1
+    assert section.index("web-2") < section.index("LEADER")
 
 
 def test_a_blocking_source_is_read_off_the_event_loop() -> None:

@@ -71,7 +71,11 @@ def status_page(status: ClusterStatus, *, title: str, refresh: float, base: str)
             _tiles(status, jobs),
             _problems(problems),
             _section("Jobs", _jobs_table(sorted(jobs, key=_order), now), len(status.jobs)),
-            _section("Replicas", _replicas_table(status.replicas, now), len(status.replicas)),
+            _section(
+                "Replicas",
+                _replicas_table(status.replicas, now, status.leader),
+                len(status.replicas),
+            ),
             _footer(now, refresh, base),
         )
     )
@@ -339,11 +343,11 @@ def _outcome_class(outcome: Outcome | None) -> str:
 # ---- replicas -----------------------------------------------------------------------------
 
 
-def _replicas_table(replicas: Iterable[ReplicaStatus], now: datetime) -> str:
+def _replicas_table(replicas: Iterable[ReplicaStatus], now: datetime, leader: str | None) -> str:
     ordered = sorted(replicas, key=lambda r: (not r.alive, r.replica_id))
     if not ordered:
         return '<div class="panel allgood none">No replica has registered.</div>'
-    rows = "".join(_replica_row(r, now) for r in ordered)
+    rows = "".join(_replica_row(r, now, r.replica_id == leader) for r in ordered)
     return _table("replicas", _REPLICA_COLUMNS, rows)
 
 
@@ -356,12 +360,14 @@ def _table(name: str, columns: tuple[tuple[str, int], ...], rows: str) -> str:
     )
 
 
-def _replica_row(replica: ReplicaStatus, now: datetime) -> str:
+def _replica_row(replica: ReplicaStatus, now: datetime, leads: bool) -> str:
     state = (
         '<span class="badge ok">ALIVE</span>'
         if replica.alive
         else '<span class="badge mute">GONE</span>'
     )
+    if leads:  # leader mode: it claims every leader-mode tick
+        state += ' <span class="badge info">LEADER</span>'
     pid = f'<div class="small">pid {replica.backend_pid}</div>' if replica.backend_pid else ""
     names = ", ".join(replica.jobs)
     jobs = _or_dash(names and f'<span class="mono">{_e(names)}</span>')
