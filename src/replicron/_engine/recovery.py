@@ -9,6 +9,7 @@ from collections import deque
 from datetime import datetime
 
 from replicron.backends.base import Backend
+from replicron.triggers import FixedDelayTrigger
 
 from .observe import Observer
 from .planner import Tick, catch_up_plan, resync_plan, ticks_from
@@ -51,7 +52,9 @@ class Recovery:
         lasts = await self._backend.last_ticks(names)
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
-            if state is None or last is None:
+            # A fixed-delay job has one tick at a time, planned from its last finish: a
+            # stale one runs once, late (or is missed past misfire_grace), never replayed.
+            if state is None or last is None or isinstance(state.spec.trigger, FixedDelayTrigger):
                 continue
             spec = state.spec
             due, missed, truncated = catch_up_plan(

@@ -18,6 +18,8 @@ Two optional capabilities are small protocols of their own, checked with ``isins
   and leaves the rest to its ``peers`` with free worker threads; where ``claims_ahead`` is
   set, a scheduler on the system clock claims an instant's ticks up to that much early, by its
   claims' recent round trips, and starts the runs on time. ``connected`` is for readiness.
+* :class:`LastFinishes`: the backend reads each job's latest recorded tick and how it ended,
+  for fixed-delay jobs (``after(...)``), whose next tick follows the last finish.
 * :class:`ClusterRegistry`: the backend keeps the cluster's job registry (what each replica
   schedules, for overdue jobs and drift), its pauses, and its status for operators;
   :class:`NamespacedRegistry` also lists the namespaces sharing its store.
@@ -43,6 +45,8 @@ __all__ = [
     "ClaimRequest",
     "ClaimStatus",
     "ClusterRegistry",
+    "LastFinish",
+    "LastFinishes",
     "LeasedRuns",
     "NamespacedRegistry",
     "Release",
@@ -284,6 +288,26 @@ class SharedCoordination(Protocol):
     def refusal(self) -> str | None:
         """Why this replica claims nothing now though connected (PostgreSQL: replicas of the
         other coordination mode share its namespace), or ``None``: for readiness."""
+
+
+class LastFinish(NamedTuple):
+    """A job's latest tick in the ledger (manual runs left out) and how it ended."""
+
+    scheduled_at: datetime
+    #: When its row was ended, on the ledger's clock: the run's finish, or when a tick that
+    #: did not run was recorded (missed, skipped, paused, abandoned). ``None`` while open.
+    finished_at: datetime | None
+    #: ``None`` while the tick is claimed and not yet ended (its run goes on).
+    outcome: Outcome | None
+
+
+@runtime_checkable
+class LastFinishes(Protocol):
+    """A backend that reads each job's latest tick and its end in one call."""
+
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
+        """The latest tick of each job anybody claimed or recorded, and how it ended (jobs
+        with none are left out; manual runs are not ticks). Times are in UTC."""
 
 
 @runtime_checkable

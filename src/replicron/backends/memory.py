@@ -30,6 +30,7 @@ from .base import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    LastFinish,
     PackedRecord,
     Release,
     RunRecord,
@@ -250,6 +251,24 @@ class MemoryBackend:
                 name: self.state.jobs[name].last_tick for name in jobs if name in self.state.jobs
             }
         return {name: tick for name, tick in found.items() if tick is not None}
+
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
+        found: dict[str, LastFinish] = {}
+        with self.state.lock:
+            for name in jobs:
+                job = self.state.jobs.get(name)
+                if job is None or job.last_tick is None:
+                    continue
+                tick, ended = job.last_tick, None
+                for packed in reversed(job.history):  # its record is among the last few
+                    if packed[1] == tick and not packed[8]:
+                        ended = unpack_record(packed)
+                        break
+                found[name] = (
+                    LastFinish(tick, None, None) if ended is None
+                    else LastFinish(tick, ended.finished_at, ended.outcome)
+                )  # fmt: skip
+        return found
 
     # ---- the cluster's registry, pauses and status --------------------------------------
 
