@@ -1,0 +1,373 @@
+"""Fixed-delay jobs (``after``, ``every(..., from_completion=True)``): the trigger, the pure
+planning from the ledger's last finish, and schedulers on a FakeClock sharing a memory
+backend. Cluster-wide behaviour on every backend is in tests/contract/test_fixed_delay.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from replicron import (
+    FixedDelayTrigger,
+    InvalidIntervalError,
+    InvalidJobOptionError,
+    MemoryBackend,
+    MemoryState,
+    Outcome,
+    Scheduler,
+    after,
+    current_run,
+    every,
+)
+from replicron._engine.planner import Planner, Tick
+from replicron.backends.base import LastFinish
+from replicron.testing import FakeClock
+from tests.helpers import Recorder, z
+
+T0 = z(2026, 1, 1)  # on the grid of every(2 s)
+DELAY = timedelta(seconds=2)
+
+
+def s(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def ended(tick: float, finished: float | None, outcome: Outcome = Outcome.SUCCEEDED) -> LastFinish:
+    return LastFinish(s(tick), None if finished is None else s(finished), outcome)
+
+
+def running(tick: float) -> LastFinish:
+    return LastFinish(s(tick), None, None)
+
+
+# ---- the trigger ---------------------------------------------------------------------------
+
+
+def test_after_and_every_from_completion_are_one_trigger() -> None:
+    trigger = after(seconds=2)
+    assert trigger == every(seconds=2, from_completion=True) == after(DELAY)
+    assert isinstance(trigger, FixedDelayTrigger)
+    assert trigger.delay == DELAY
+    assert repr(trigger) == "after(timedelta(seconds=2))"
+    assert trigger != every(seconds=2)  # a fixed rate is another schedule
+    assert isinstance(trigger.for_job("report"), FixedDelayTrigger)
+    assert isinstance(trigger.with_default_anchor(s(1)), FixedDelayTrigger)
+    # Its first tick is the anchored interval's: the same on every replica.
+    assert trigger.next_after(s(0.5)) == s(2)
+    assert trigger.with_default_anchor(s(1)).next_after(s(0.5)) == s(1)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: after(seconds=0),
+        lambda: after(),
+        lambda: every(seconds=2, jitter=1, from_completion=True),
+        lambda: every(between=(1, 2), from_completion=True),
+    ],
+)
+def test_a_bad_delay_fails_at_construction(build: Any) -> None:
+    with pytest.raises(InvalidIntervalError):
+        build()
+
+
+# ---- the planner ---------------------------------------------------------------------------
+
+
+def planned(at: float = 0.5, **options: Any) -> Planner:
+    planner = Planner()
+    planner.add("j", after(seconds=2).for_job("j"), s(at), **options)
+    return planner
+
+
+def test_a_job_with_no_row_starts_at_the_anchored_tick_checked_again_at_its_instant() -> None:
+    planner = planned()
+    assert planner.chains_to_read(s(0.5)) == ["j"]  # the ledger first
+    planner.learn("j", None, s(0.5))
+    assert planner.next_due("j") == s(2)
+    assert planner.chains_to_read(s(1.9)) == []
+    assert planner.decide(s(1.9)).due == []
+    # At its instant the ledger is read once more (another replica may have claimed it).
+    assert planner.chains_to_read(s(2)) == ["j"]
+    planner.learn("j", None, s(2))
+    assert planner.decide(s(2)).due == [Tick("j", s(2))]
+    assert planner.next_due("j") is None  # the next one follows that run's finish
+
+
+def test_a_replica_starting_after_the_first_claim_follows_that_chain() -> None:
+    planner = planned(at=2.0)  # the anchored tick 4 would start a second chain
+    assert planner.chains_to_read(s(2)) == ["j"]
+    planner.learn("j", running(2), s(2))  # another replica runs tick 2
+    assert planner.next_due("j") is None
+    assert planner.decide(s(4)).due == []
+    assert planner.chains_to_read(s(4)) == ["j"]
+    planner.learn("j", ended(2, 4.5), s(4.6))
+    assert planner.next_due("j") == s(6.5)
+    assert planner.decide(s(6.5)).due == [Tick("j", s(6.5))]
+
+
+def test_the_next_tick_is_the_last_finish_plus_the_delay() -> None:
+    planner = planned()
+    planner.learn("j", None, s(2))
+    assert planner.decide(s(2)).due == [Tick("j", s(2))]
+    assert planner.upcoming("j", 3) == []
+    # Read a little after the tick while it runs (no next tick), then at its finish.
+    assert planner.chains_to_read(s(2.4)) == []
+    assert planner.chains_to_read(s(2.5)) == ["j"]
+    planner.learn("j", running(2), s(2.5))
+    assert planner.next_due("j") is None
+    assert planner.chain_read_at() == s(3)
+    planner.learn("j", ended(2, 3.25), s(3.3))
+    assert planner.next_due("j") == s(5.25)
+    assert planner.upcoming("j", 3) == [s(5.25)]
+    assert planner.chain_read_at() is None  # known: no more reads until it is handed out
+    assert planner.decide(s(5.2)).due == []
+    assert planner.decide(s(5.25)).due == [Tick("j", s(5.25))]
+
+
+def test_the_finished_replica_reads_at_once() -> None:
+    planner = planned()
+    planner.learn("j", None, s(2))
+    planner.decide(s(2))
+    planner.finished_here("j", s(2.1))
+    assert planner.chains_to_read(s(2.1)) == ["j"]
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.ABANDONED,
+        Outcome.MISSED,
+        Outcome.SKIPPED_OVERLAP,
+        Outcome.PAUSED,
+    ],
+)
+def test_a_row_ended_without_a_normal_finish_continues_the_chain(outcome: Outcome) -> None:
+    planner = planned()
+    planner.learn("j", ended(6, 9, outcome), s(9.5))  # ended (recorded) at 9
+    assert planner.next_due("j") == s(11)
+
+
+def test_a_row_ended_with_no_finish_time_counts_from_its_tick() -> None:
+    planner = planned()
+    planner.learn("j", ended(6, None, Outcome.PAUSED), s(9))
+    assert planner.next_due("j") == s(8)
+
+
+def test_a_row_older_than_the_tick_handed_out_says_nothing() -> None:
+    planner = planned()
+    planner.learn("j", ended(0, 0.5), s(1))
+    assert planner.next_due("j") == s(2.5)
+    assert planner.decide(s(2.5)).due == [Tick("j", s(2.5))]
+    # Read before its claim is in: the previous row must not plan tick 2.5 again.
+    planner.learn("j", ended(0, 0.5), s(3))
+    assert planner.next_due("j") is None
+    planner.learn("j", ended(2.5, 3.5), s(4))
+    assert planner.next_due("j") == s(5.5)
+
+
+def test_an_old_finish_gives_one_tick_due_at_once() -> None:
+    planner = planned(at=100)  # every replica was down for a while
+    planner.learn("j", ended(6, 7), s(100))
+    decision = planner.decide(s(100))
+    assert decision.due == [Tick("j", s(9))]  # once, late; nothing replayed
+    assert decision.missed == []
+
+
+def test_start_at_and_stop_at_bound_the_chain() -> None:
+    planner = planned(start_at=s(20), stop_at=s(30))
+    planner.learn("j", ended(6, 7), s(1))
+    assert planner.next_due("j") == s(20)
+    planner.learn("j", ended(20, 29), s(29))
+    assert planner.next_due("j") is None
+
+
+def test_prepare_leaves_fixed_delay_ticks_to_their_instant() -> None:
+    planner = Planner()
+    planner.add("j", after(seconds=2).for_job("j"), s(0.5))
+    planner.add("k", every(seconds=2), s(0.5))
+    planner.learn("j", None, s(0.5))
+    assert planner.prepare() == 1
+    assert planner.prepared() == [Tick("k", s(2))]
+    assert planner.next_due("j") == s(2)
+    planner.learn("j", None, s(2))
+    assert sorted(planner.decide(s(2)).due) == [Tick("j", s(2)), Tick("k", s(2))]
+
+
+# ---- schedulers on a FakeClock -------------------------------------------------------------
+
+
+class Runs:
+    """A task that blocks until released; what it ran: (replica, tick)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.ran: list[tuple[str, datetime]] = []
+        self.running = 0
+        self.most_at_once = 0
+        self._cond = threading.Condition()
+        self.fail = False
+
+    def __call__(self) -> None:
+        run = current_run()
+        with self._cond:
+            self.ran.append((run.replica_id, run.scheduled_at))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            self._cond.notify_all()
+        self.release.wait(10)
+        self.release.clear()
+        with self._cond:
+            self.running -= 1
+        if self.fail:
+            raise RuntimeError("the task failed")
+
+    def wait_started(self, count: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.ran) >= count, 10)
+
+
+class Cluster:
+    def __init__(self, replicas: int = 3) -> None:
+        self.clock = FakeClock(s(0.5))
+        self.state = MemoryState()
+        self.recorder = Recorder()
+        self.schedulers = [
+            Scheduler(
+                clock=self.clock, backend=MemoryBackend(self.state), replica_id=f"r{i}",
+                listeners=[self.recorder],
+            )  # fmt: skip
+            for i in range(replicas)
+        ]
+        self.runs = Runs()
+
+    def idle(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.wait_idle()
+
+    def at(self, seconds: float) -> None:
+        self.clock.set(s(seconds))
+        self.idle()
+
+    def run_until_finished(self, start: float, finish: float, count: int) -> None:
+        """The run of the tick at ``start`` (the ``count``-th) takes until ``finish``."""
+        self.clock.set(s(start))
+        self.runs.wait_started(count)
+        self.clock.set(s(finish))
+        self.runs.release.set()
+        self.idle()
+
+
+def next_runs(cluster: Cluster) -> list[datetime | None]:
+    return [scheduler.get_job("j").next_run() for scheduler in cluster.schedulers]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    made = Cluster()
+    for scheduler in made.schedulers:
+        scheduler.add_job(after(seconds=2), made.runs, name="j")
+        scheduler.start()
+    made.idle()
+    yield made
+    made.runs.release.set()
+    for scheduler in made.schedulers:
+        scheduler.shutdown(timeout=5)
+
+
+def test_replicas_run_each_link_once_delay_after_the_last_finish(cluster: Cluster) -> None:
+    cluster.run_until_finished(2, 3.5, 1)  # takes 1.5 s
+    # The others read the ledger a quarter of the delay after their last read (3.5).
+    cluster.at(4.0)
+    assert next_runs(cluster) == [s(5.5)] * 3
+    cluster.at(5.4)
+    assert len(cluster.runs.ran) == 1
+    cluster.run_until_finished(5.5, 6.0, 2)
+    cluster.run_until_finished(8.0, 9.75, 3)
+    cluster.at(11.7)
+    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(5.5), s(8)]
+    assert cluster.runs.most_at_once == 1
+    assert next_runs(cluster) == [s(11.75)] * 3
+    assert not cluster.recorder.of("on_skipped")
+
+
+def test_a_failed_run_continues_the_chain(cluster: Cluster) -> None:
+    cluster.runs.fail = True
+    cluster.run_until_finished(2, 2.5, 1)
+    cluster.runs.fail = False
+    cluster.run_until_finished(4.5, 5, 2)
+    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(4.5)]
+    assert [e.outcome for e in cluster.recorder.of("after_failure")] == [Outcome.FAILED]
+
+
+def test_run_now_leaves_the_chain_alone(cluster: Cluster) -> None:
+    cluster.run_until_finished(2, 3, 1)  # next tick: 5
+    job = cluster.schedulers[1].get_job("j")
+    cluster.clock.set(s(4.25))
+    job.run_now()
+    cluster.runs.wait_started(2)
+    cluster.clock.set(s(4.5))
+    cluster.runs.release.set()
+    cluster.idle()
+    assert job.next_run() == s(5)
+    cluster.run_until_finished(5, 5.5, 3)
+    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(4.25), s(5)]
+
+
+def test_a_tick_from_an_old_finish_runs_once_late_or_is_missed_past_misfire_grace() -> None:
+    state, clock = MemoryState(), FakeClock(s(0.5))
+    ran: list[datetime] = []
+
+    def task() -> None:
+        ran.append(current_run().scheduled_at)
+
+    def replica() -> Scheduler:
+        scheduler = Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="r0")
+        scheduler.add_job(after(seconds=2), task, name="j")
+        scheduler.start()
+        return scheduler
+
+    first = replica()
+    clock.set(s(2))
+    first.wait_idle()
+    first.shutdown(timeout=5)
+    # Every replica was down; one starts 100 s later: the tick 4 is run once, at once.
+    clock.set(s(100))
+    second = replica()
+    second.wait_idle()
+    assert ran == [s(2), s(4)]
+    assert second.get_job("j").next_run() == s(102)
+    second.shutdown(timeout=5)
+    # With misfire_grace the late tick is missed instead, and the chain goes on from then.
+    clock.set(s(200))
+    recorder = Recorder()
+    third = Scheduler(clock=clock, backend=MemoryBackend(state), listeners=[recorder])
+    third.add_job(after(seconds=2), task, name="j", misfire_grace=10)
+    third.start()
+    third.wait_idle()
+    assert [(e.scheduled_at, e.outcome) for e in recorder.of("on_missed")] == [
+        (s(102), Outcome.MISSED)
+    ]
+    assert third.get_job("j").next_run() == s(202)
+    third.shutdown(timeout=5)
+    assert len(ran) == 2
+
+
+class _NoLedgerReads(MemoryBackend):
+    """A backend of one's own without ``last_finishes``."""
+
+    last_finishes = None  # type: ignore[assignment]
+
+
+def test_a_backend_that_cannot_read_finishes_is_refused_at_registration() -> None:
+    scheduler = Scheduler(backend=_NoLedgerReads())
+    with pytest.raises(InvalidJobOptionError, match=r"job 'j'.*after\(.*last_finishes"):
+        scheduler.add_job(after(seconds=2), lambda: None, name="j")
+    scheduler.add_job(every(seconds=2), lambda: None, name="k")
+    scheduler.shutdown()
