@@ -9,6 +9,7 @@ from ``replicron_runs``. Each scenario prints one summary line.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import Counter
@@ -133,12 +134,12 @@ def test_three_replicas_run_a_fixed_delay_job_once_per_finish(
     ticks = Counter(r.tick for r in fleet.task_runs())
     duplicates = sum(n - 1 for n in ticks.values())
     overlaps = overlapping_pairs(fleet.task_runs())
-    periods = [b.started - a.started for a, b in zip(runs, runs[1:], strict=False)]
-    waits = [b.started - a.finished for a, b in zip(runs, runs[1:], strict=False) if a.finished]
+    periods = [b.started - a.started for a, b in itertools.pairwise(runs)]
+    waits = [b.started - a.finished for a, b in itertools.pairwise(runs) if a.finished]
     # Each tick is the previous row's recorded finish plus the delay, to the microsecond.
     links = [
         (b.tick - a.finished_at).total_seconds()
-        for a, b in zip(ledger, ledger[1:], strict=False)
+        for a, b in itertools.pairwise(ledger)
         if a.finished_at is not None
     ]
     print(
@@ -157,4 +158,3 @@ def test_three_replicas_run_a_fixed_delay_job_once_per_finish(
     assert DELAY + TASK - 0.05 <= statistics.median(periods) <= DELAY + TASK + 1.0
     assert min(waits) >= DELAY - 0.05
     assert max(waits) <= DELAY + 1.5
-

@@ -240,9 +240,11 @@ class Cluster:
         self.recorder = Recorder()
         self.schedulers = [
             Scheduler(
-                clock=self.clock, backend=MemoryBackend(self.state), replica_id=f"r{i}",
+                clock=self.clock,
+                backend=MemoryBackend(self.state),
+                replica_id=f"r{i}",
                 listeners=[self.recorder],
-            )  # fmt: skip
+            )
             for i in range(replicas)
         ]
         self.runs = Runs()
