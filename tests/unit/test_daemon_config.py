@@ -23,7 +23,7 @@ from replicron.daemon._build import make_trigger
 from replicron.daemon._daemon import make_backend, preview, validate
 from replicron.daemon.config import load_config, parse_config
 from replicron.postgres import PostgresBackend
-from replicron.triggers import upcoming
+from replicron.triggers import after, upcoming
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A job's lines with everything but its trigger, for rows about one trigger.
@@ -183,7 +183,7 @@ BAD = [
     ),
     pytest.param(
         job(TASK),
-        "job 'j': needs exactly one of cron, every, between, daily, weekly, monthly, once to "
+        "job 'j': needs exactly one of cron, every, after, between, daily, weekly, monthly, once to "
         "say when it runs; it has none",
         id="no-trigger",
     ),
@@ -1079,3 +1079,29 @@ def test_values_nested_too_deeply_are_one_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         load_config(config, {})
     assert raised.value.problems == [f"{config}: values nested too deeply"]
+
+
+# ---- fixed delay: after = "2s" -------------------------------------------------------------
+
+
+def test_after_is_a_fixed_delay_job(tmp_path: Path) -> None:
+    trigger = make_trigger(one_job(job('after = "1m30s"\n' + TASK)))
+    assert trigger == after(seconds=90)
+    assert problems_of(job('after = "2s"\n' + TASK), tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('after = "0s"\n', "job 'j': after: "),
+        ('after = "-2s"\n', "job 'j': after: must be longer than 0"),
+        ('after = "soon"\n', "job 'j': after: 'soon' is not a duration"),
+        ('after = "2s"\njitter = "1s"\n', "job 'j': jitter: applies to every jobs, not to after"),
+        ('after = "2s"\nevery = "1m"\n', "job 'j': needs exactly one of"),
+    ],
+    ids=["zero", "negative", "not-a-duration", "jitter", "two-triggers"],
+)
+def test_a_bad_fixed_delay_is_a_problem_at_load(body: str, expected: str, tmp_path: Path) -> None:
+    problems = problems_of(job(body + TASK), tmp_path)
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
