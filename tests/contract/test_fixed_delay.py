@@ -4,16 +4,15 @@ recorded plus the delay, claimed once, never run while the last run goes on."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
 
-from replicron import Outcome, after, current_run
+from replicron import Outcome, after
 from replicron.backends.base import LastFinish, LastFinishes
 from tests.contract.conftest import STORES, Backends, Store, replica
-from tests.helpers import Recorder, z
+from tests.helpers import Recorder, Stepped, z
 
 START = z(2026, 1, 1)  # on the grid of every(5 s): the first tick of a job is START + 5 s
 
@@ -29,8 +28,8 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 
 class Replicas:
-    """Three schedulers on one store and one FakeClock; the job's task blocks until the test
-    lets it finish, so that its finish time is the one the test sets."""
+    """Three schedulers on one store and one FakeClock; the job's runs block until the test
+    lets each finish, so that their finish times are the ones the test sets."""
 
     def __init__(self, store: Store) -> None:
         from replicron.testing import FakeClock
@@ -39,26 +38,8 @@ class Replicas:
         self.clock = FakeClock(s(1))
         self.recorder = Recorder()
         self.schedulers = [replica(store, i, self.clock, self.recorder) for i in range(3)]
-        self.ran: list[tuple[str, datetime]] = []
-        self.running = 0
-        self.most_at_once = 0
-        self.finish = threading.Event()
-        self.fail = False
-        self._cond = threading.Condition()
-
-    def task(self) -> None:
-        run = current_run()
-        with self._cond:
-            self.ran.append((run.replica_id, run.scheduled_at))
-            self.running += 1
-            self.most_at_once = max(self.most_at_once, self.running)
-            self._cond.notify_all()
-        self.finish.wait(30)
-        self.finish.clear()
-        with self._cond:
-            self.running -= 1
-        if self.fail:
-            raise RuntimeError("the task failed")
+        self.runs = Stepped()
+        self.task = self.runs
 
     def idle(self) -> None:
         for scheduler in self.schedulers:
@@ -70,16 +51,14 @@ class Replicas:
 
     def run(self, start: float, finish: float) -> None:
         """Move to ``start``, where a run must start, and let it finish at ``finish``."""
-        count = len(self.ran) + 1
         self.clock.set(s(start))
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.ran) >= count, 30), f"no run at {start}"
+        self.runs.wait_started(len(self.runs.ran) + 1)
         self.clock.set(s(finish))
-        self.finish.set()
+        self.runs.finish.set()
         self.idle()
 
     def ticks(self) -> list[datetime]:
-        return [tick for _, tick in self.ran]
+        return self.runs.ticks()
 
 
 @pytest.fixture
@@ -90,7 +69,7 @@ def replicas(store: Store) -> Iterator[Replicas]:
         scheduler.start()
     made.idle()
     yield made
-    made.finish.set()
+    made.runs.finish.set()
     for scheduler in made.schedulers:
         scheduler.shutdown(timeout=10)
 
@@ -100,13 +79,13 @@ def test_each_tick_follows_the_last_recorded_finish_once(replicas: Replicas) -> 
     replicas.at(12.4)  # 0.1 s before the next, every replica has read the finish
     assert replicas.ticks() == [s(5)]
     replicas.run(12.5, 13)
-    replicas.fail = True
+    replicas.runs.fail = True
     replicas.run(18, 21.25)
-    replicas.fail = False
+    replicas.runs.fail = False
     replicas.run(26.25, 26.5)
     replicas.at(31.4)
     assert replicas.ticks() == [s(5), s(12.5), s(18), s(26.25)]
-    assert replicas.most_at_once == 1
+    assert replicas.runs.most_at_once == 1
     recorded = replicas.store.recorded("chain")
     assert {tick: r.outcome for tick, r in recorded.items()} == {
         s(5): "succeeded",
@@ -121,9 +100,8 @@ def test_each_tick_follows_the_last_recorded_finish_once(replicas: Replicas) -> 
 
 def test_no_tick_while_the_last_run_goes_on(replicas: Replicas) -> None:
     replicas.clock.set(s(5))
-    with replicas._cond:
-        assert replicas._cond.wait_for(lambda: replicas.ran, 30)
-    runner = replicas.ran[0][0]
+    replicas.runs.wait_started(1)
+    runner = replicas.runs.ran[0][0]
     others = [x for i, x in enumerate(replicas.schedulers) if f"r{i}" != runner]
     for later in (10, 15, 60):  # far past the delay: still the one run
         replicas.clock.set(s(later))
@@ -131,10 +109,24 @@ def test_no_tick_while_the_last_run_goes_on(replicas: Replicas) -> None:
             scheduler.wait_idle()
             assert scheduler.get_job("chain").next_run() is None
     assert replicas.ticks() == [s(5)]
-    replicas.finish.set()
+    replicas.runs.finish.set()
     replicas.idle()
     replicas.run(65, 66)
     assert replicas.ticks() == [s(5), s(65)]
+
+
+def test_run_now_leaves_the_chain_alone(replicas: Replicas) -> None:
+    replicas.run(5, 6)  # the next tick: 11
+    job = replicas.schedulers[1].get_job("chain")
+    replicas.clock.set(s(8.25))
+    job.run_now()
+    replicas.runs.wait_started(2)
+    replicas.clock.set(s(9))
+    replicas.runs.finish.set()
+    replicas.idle()
+    assert job.next_run() == s(11)
+    replicas.run(11, 11.5)
+    assert replicas.ticks() == [s(5), s(8.25), s(11)]
 
 
 def test_last_finishes_reads_the_latest_tick_and_its_end(backends: Backends) -> None:

@@ -183,8 +183,8 @@ BAD = [
     ),
     pytest.param(
         job(TASK),
-        "job 'j': needs exactly one of cron, every, after, between, daily, weekly, monthly, once to "
-        "say when it runs; it has none",
+        "job 'j': needs exactly one of cron, every, after, between, daily, weekly, monthly, "
+        "once to say when it runs; it has none",
         id="no-trigger",
     ),
     pytest.param(

@@ -1,11 +1,9 @@
 """Fixed-delay jobs (``after``, ``every(..., from_completion=True)``): the trigger, the pure
-planning from the ledger's last finish, and schedulers on a FakeClock sharing a memory
-backend. Cluster-wide behaviour on every backend is in tests/contract/test_fixed_delay.py."""
+planning from the ledger's last finish, and a scheduler on a FakeClock restarted over one
+memory backend. Replicas sharing a backend, on every backend: tests/contract/test_fixed_delay.py."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -201,125 +199,6 @@ def test_prepare_leaves_fixed_delay_ticks_to_their_instant() -> None:
 
 
 # ---- schedulers on a FakeClock -------------------------------------------------------------
-
-
-class Runs:
-    """A task that blocks until released; what it ran: (replica, tick)."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.ran: list[tuple[str, datetime]] = []
-        self.running = 0
-        self.most_at_once = 0
-        self._cond = threading.Condition()
-        self.fail = False
-
-    def __call__(self) -> None:
-        run = current_run()
-        with self._cond:
-            self.ran.append((run.replica_id, run.scheduled_at))
-            self.running += 1
-            self.most_at_once = max(self.most_at_once, self.running)
-            self._cond.notify_all()
-        self.release.wait(10)
-        self.release.clear()
-        with self._cond:
-            self.running -= 1
-        if self.fail:
-            raise RuntimeError("the task failed")
-
-    def wait_started(self, count: int) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: len(self.ran) >= count, 10)
-
-
-class Cluster:
-    def __init__(self, replicas: int = 3) -> None:
-        self.clock = FakeClock(s(0.5))
-        self.state = MemoryState()
-        self.recorder = Recorder()
-        self.schedulers = [
-            Scheduler(
-                clock=self.clock,
-                backend=MemoryBackend(self.state),
-                replica_id=f"r{i}",
-                listeners=[self.recorder],
-            )
-            for i in range(replicas)
-        ]
-        self.runs = Runs()
-
-    def idle(self) -> None:
-        for scheduler in self.schedulers:
-            scheduler.wait_idle()
-
-    def at(self, seconds: float) -> None:
-        self.clock.set(s(seconds))
-        self.idle()
-
-    def run_until_finished(self, start: float, finish: float, count: int) -> None:
-        """The run of the tick at ``start`` (the ``count``-th) takes until ``finish``."""
-        self.clock.set(s(start))
-        self.runs.wait_started(count)
-        self.clock.set(s(finish))
-        self.runs.release.set()
-        self.idle()
-
-
-def next_runs(cluster: Cluster) -> list[datetime | None]:
-    return [scheduler.get_job("j").next_run() for scheduler in cluster.schedulers]
-
-
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
-    made = Cluster()
-    for scheduler in made.schedulers:
-        scheduler.add_job(after(seconds=2), made.runs, name="j")
-        scheduler.start()
-    made.idle()
-    yield made
-    made.runs.release.set()
-    for scheduler in made.schedulers:
-        scheduler.shutdown(timeout=5)
-
-
-def test_replicas_run_each_link_once_delay_after_the_last_finish(cluster: Cluster) -> None:
-    cluster.run_until_finished(2, 3.5, 1)  # takes 1.5 s
-    # The others read the ledger a quarter of the delay after their last read (3.5).
-    cluster.at(4.0)
-    assert next_runs(cluster) == [s(5.5)] * 3
-    cluster.at(5.4)
-    assert len(cluster.runs.ran) == 1
-    cluster.run_until_finished(5.5, 6.0, 2)
-    cluster.run_until_finished(8.0, 9.75, 3)
-    cluster.at(11.7)
-    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(5.5), s(8)]
-    assert cluster.runs.most_at_once == 1
-    assert next_runs(cluster) == [s(11.75)] * 3
-    assert not cluster.recorder.of("on_skipped")
-
-
-def test_a_failed_run_continues_the_chain(cluster: Cluster) -> None:
-    cluster.runs.fail = True
-    cluster.run_until_finished(2, 2.5, 1)
-    cluster.runs.fail = False
-    cluster.run_until_finished(4.5, 5, 2)
-    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(4.5)]
-    assert [e.outcome for e in cluster.recorder.of("after_failure")] == [Outcome.FAILED]
-
-
-def test_run_now_leaves_the_chain_alone(cluster: Cluster) -> None:
-    cluster.run_until_finished(2, 3, 1)  # next tick: 5
-    job = cluster.schedulers[1].get_job("j")
-    cluster.clock.set(s(4.25))
-    job.run_now()
-    cluster.runs.wait_started(2)
-    cluster.clock.set(s(4.5))
-    cluster.runs.release.set()
-    cluster.idle()
-    assert job.next_run() == s(5)
-    cluster.run_until_finished(5, 5.5, 3)
-    assert [tick for _, tick in cluster.runs.ran] == [s(2), s(4.25), s(5)]
 
 
 def test_a_tick_from_an_old_finish_runs_once_late_or_is_missed_past_misfire_grace() -> None:
