@@ -155,6 +155,6 @@ def test_three_replicas_run_a_fixed_delay_job_once_per_finish(
     assert set(links) == {DELAY}, links
     assert all(row.outcome == "succeeded" for row in ledger[:-1]), ledger
     # About delay + duration apart (generous upper bounds: two cores shared by many tests).
-    assert DELAY + TASK - 0.05 <= statistics.median(periods) <= DELAY + TASK + 1.0
+    assert DELAY + TASK - 0.05 <= statistics.median(periods) <= DELAY + TASK + 1.5
     assert min(waits) >= DELAY - 0.05
-    assert max(waits) <= DELAY + 1.5
+    assert max(waits) <= DELAY + 3.0
