@@ -1105,3 +1105,17 @@ def test_a_bad_fixed_delay_is_a_problem_at_load(body: str, expected: str, tmp_pa
     problems = problems_of(job(body + TASK), tmp_path)
     assert len(problems) == 1, problems
     assert expected in problems[0]
+
+
+def test_check_shows_a_fixed_delay_jobs_first_tick_and_what_follows(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.toml"
+    path.write_text(
+        f'[scheduler]\nstate_dir = "{tmp_path / "state"}"\n' + job('after = "30s"\n' + TASK)
+    )
+    out = io.StringIO()
+    assert check_config(str(path), count=3, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "  j: after = '30s'; runs true"
+    assert datetime.fromisoformat(lines[2].strip()).second in (0, 30)  # every(30 s)'s first
+    assert lines[3] == "    (if none is recorded yet; then 30s after each finish)"
+    assert lines[4:] == [f"OK: {path} is valid"]
