@@ -4,6 +4,7 @@ memory backend. Replicas sharing a backend, on every backend: tests/contract/tes
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -252,3 +253,23 @@ def test_a_backend_that_cannot_read_finishes_is_refused_at_registration() -> Non
         scheduler.add_job(after(seconds=2), lambda: None, name="j")
     scheduler.add_job(every(seconds=2), lambda: None, name="k")
     scheduler.shutdown()
+
+
+def test_the_memory_backend_keeps_the_last_ticks_end_past_its_history() -> None:
+    from replicron.backends.base import ClaimRequest, Release, RunRecord
+    from replicron.backends.memory import HISTORY_KEPT
+
+    async def main() -> dict[str, LastFinish]:
+        backend = MemoryBackend()
+        await backend.open("r0")
+        [claim] = await backend.claim([ClaimRequest("j", s(2), lock=True)])
+        done = RunRecord("j", s(2), Outcome.SUCCEEDED, "r0", claim.run_id, s(2), s(3), None)
+        await backend.release([Release(done, True)])
+        for k in range(HISTORY_KEPT + 2):  # manual runs push the tick out of the history
+            at = s(4 + k)
+            [manual] = await backend.claim([ClaimRequest("j", at, lock=True, manual=True)])
+            record = RunRecord("j", at, Outcome.SUCCEEDED, "r0", manual.run_id, at, at, None, True)
+            await backend.release([Release(record, True)])
+        return await backend.last_finishes(["j"])
+
+    assert asyncio.run(main()) == {"j": LastFinish(s(2), s(3), Outcome.SUCCEEDED)}

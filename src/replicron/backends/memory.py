@@ -75,6 +75,17 @@ class _JobState:
     # Scheduled runs claimed, less those recorded as not run: counted against max_runs.
     runs: int = 0
     history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+    # The outcome of a tick of the trigger, kept however many manual runs follow it: the
+    # latest one is what a fixed-delay job's next tick follows.
+    last_tick_end: PackedRecord | None = None
+
+    def keep(self, record: RunRecord) -> None:
+        packed = pack_record(record)
+        self.history.append(packed)
+        if not record.manual:
+            end = self.last_tick_end
+            if end is None or end[1] <= record.scheduled_at:
+                self.last_tick_end = packed
 
 
 class MemoryState:
@@ -168,7 +179,7 @@ class MemoryBackend:
                         name, tick, Outcome.PAUSED, replica, run_id, None, None,
                         "the job is paused",
                     )  # fmt: skip
-                    job.history.append(pack_record(record))
+                    job.keep(record)
                     add(_new(Claim, (name, tick, _PAUSED, run_id, False, manual)))
                     continue
                 if lock and job.lock_replica is not None:
@@ -221,7 +232,7 @@ class MemoryBackend:
         with self.state.lock:
             for record, unlock in releases:
                 job = self.state.job(record.job)
-                job.history.append(pack_record(record))
+                job.keep(record)
                 if record.outcome in _NOT_RUN and record.run_id is not None and not record.manual:
                     job.runs -= 1
                 if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
@@ -238,7 +249,7 @@ class MemoryBackend:
                     continue
                 taken = self._take_tick(job, record.scheduled_at)
                 if taken:
-                    job.history.append(pack_record(record))
+                    job.keep(record)
                 done.append(taken)
         return done
 
@@ -259,11 +270,8 @@ class MemoryBackend:
                 job = self.state.jobs.get(name)
                 if job is None or job.last_tick is None:
                     continue
-                tick, ended = job.last_tick, None
-                for packed in reversed(job.history):  # its record is among the last few
-                    if packed[1] == tick and not packed[8]:
-                        ended = unpack_record(packed)
-                        break
+                tick, end = job.last_tick, job.last_tick_end
+                ended = None if end is None or end[1] != tick else unpack_record(end)
                 found[name] = (
                     LastFinish(tick, None, None) if ended is None
                     else LastFinish(tick, ended.finished_at, ended.outcome)
