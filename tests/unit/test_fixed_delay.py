@@ -25,7 +25,7 @@ from replicron import (
 from replicron._engine.planner import Planner, Tick
 from replicron.backends.base import LastFinish
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, z
+from tests.helpers import Recorder, step, z
 
 T0 = z(2026, 1, 1)  # on the grid of every(2 s)
 DELAY = timedelta(seconds=2)
@@ -273,3 +273,29 @@ def test_the_memory_backend_keeps_the_last_ticks_end_past_its_history() -> None:
         return await backend.last_finishes(["j"])
 
     assert asyncio.run(main()) == {"j": LastFinish(s(2), s(3), Outcome.SUCCEEDED)}
+
+
+def test_a_run_missed_on_its_thread_continues_the_chain_from_when_it_was_missed() -> None:
+    from tests.helpers import Gate
+
+    clock, recorder = FakeClock(s(5)), Recorder()
+    blocker, late = Gate(), Gate()
+    late.release.set()
+    scheduler = Scheduler(clock=clock, listeners=[recorder], max_workers=1)
+    scheduler.add_job(every(seconds=10), blocker, name="j0")  # holds the one thread
+    job = scheduler.add_job(after(seconds=20), late, name="j1", misfire_grace=60)
+    scheduler.start()
+    try:
+        step(clock, s(10))
+        blocker.wait_started(1)
+        step(clock, s(20))  # j1's first tick waits for the thread
+        step(clock, s(320))
+        blocker.release.set()
+        [missed] = recorder.wait_count("on_missed", 1, job="j1")
+        assert (missed.scheduled_at, missed.finished_at) == (s(20), s(320))
+        scheduler.wait_idle()
+        assert job.next_run() == s(340)  # not 40: no string of missed ticks to catch up
+        assert recorder.of("on_missed", "j1") == [missed]
+    finally:
+        blocker.release.set()
+        scheduler.shutdown(timeout=5)
