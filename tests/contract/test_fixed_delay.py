@@ -76,6 +76,9 @@ def replicas(store: Store) -> Iterator[Replicas]:
 
 def test_each_tick_follows_the_last_recorded_finish_once(replicas: Replicas) -> None:
     replicas.run(5, 7.5)  # the first tick: every(5 s)'s first after the start
+    # The replica that ran it reads its finish at once (the others by their next read).
+    runner = replicas.schedulers[int(replicas.runs.ran[0][0].removeprefix("r"))]
+    assert runner.get_job("chain").next_run() == s(12.5)
     replicas.at(12.4)  # 0.1 s before the next, every replica has read the finish
     assert replicas.ticks() == [s(5)]
     replicas.run(12.5, 13)
