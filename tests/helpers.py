@@ -310,3 +310,38 @@ class Gate:
     def wait_started(self, count: int) -> None:
         with self.lock:
             assert self.entered.wait_for(lambda: len(self.started) >= count, 10)
+
+
+class Stepped:
+    """A task whose every run blocks until the test lets it end (``finish.set()``, re-armed
+    by the run), so that a FakeClock test sets each run's finish; what ran: (replica, tick),
+    and how many ran at once at most. ``fail``: runs raise once let go."""
+
+    def __init__(self) -> None:
+        self.finish = threading.Event()
+        self.ran: list[tuple[str, datetime]] = []
+        self.running = 0
+        self.most_at_once = 0
+        self.fail = False
+        self._cond = threading.Condition()
+
+    def __call__(self) -> None:
+        run = current_run()
+        with self._cond:
+            self.ran.append((run.replica_id, run.scheduled_at))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            self._cond.notify_all()
+        self.finish.wait(30)
+        self.finish.clear()
+        with self._cond:
+            self.running -= 1
+        if self.fail:
+            raise RuntimeError("the task failed")
+
+    def wait_started(self, count: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.ran) >= count, 30), self.ran
+
+    def ticks(self) -> list[datetime]:
+        return [tick for _, tick in self.ran]

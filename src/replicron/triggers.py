@@ -4,7 +4,8 @@ A trigger is an immutable object with one pure method, ``next_after(instant)``: 
 tick strictly after an aware ``instant``, as an aware UTC datetime, or ``None`` when there is
 no further tick. It reads no clock and keeps no state, so every replica computes the same
 ticks. Build triggers with :func:`cron`, :func:`every`, :func:`daily`, :func:`weekly`,
-:func:`monthly` and :func:`once`; bad input raises at construction.
+:func:`monthly` and :func:`once`; bad input raises at construction. The ticks of
+:func:`after` (fixed delay) follow the finishes in the ledger: ``next_after`` gives its first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from datetime import date, datetime, time, timedelta, tzinfo
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, cast, runtime_checkable
 
 from ._schedule import calendar as _calendar
 from ._schedule.calendar import TimeOfDay
@@ -23,18 +24,20 @@ from ._schedule.cron import parse_cron
 from ._schedule.interval import IntervalRule, make_interval_rule
 from ._schedule.tz import UTC, from_unix, resolve_zone, timeline_for, to_unix, zone_name
 from ._schedule.walltime import DayRule, ListTimes, WallSchedule, next_instant
-from .errors import ArgumentTypeError, NaiveDatetimeError, PastInstantError
+from .errors import ArgumentTypeError, InvalidIntervalError, NaiveDatetimeError, PastInstantError
 from .keys import check_job_name
 
 __all__ = [
     "CronTrigger",
     "DailyTrigger",
+    "FixedDelayTrigger",
     "IntervalTrigger",
     "MonthlyTrigger",
     "OneTimeTrigger",
     "Trigger",
     "WallClockTrigger",
     "WeeklyTrigger",
+    "after",
     "cron",
     "daily",
     "every",
@@ -289,17 +292,17 @@ class IntervalTrigger(_Frozen):
     def anchor(self) -> datetime:
         return self._rule.anchor
 
-    def for_job(self, name: str) -> IntervalTrigger:
+    def for_job(self, name: str) -> Self:
         """A copy whose random parts are keyed by the job name ``name``."""
-        return IntervalTrigger(self._rule, check_job_name(name))
+        return type(self)(self._rule, check_job_name(name))
 
-    def with_default_anchor(self, instant: datetime) -> IntervalTrigger:
+    def with_default_anchor(self, instant: datetime) -> Self:
         """This trigger, or, if it was built without ``anchor=``, a copy anchored at
         ``instant`` (a job's ``start_at``: its ticks then fall at start_at + n * interval)."""
         if self._rule.anchor_given:
             return self
         rule = dataclasses.replace(self._rule, anchor=require_aware(instant), anchor_given=True)
-        return IntervalTrigger(rule, self.key)
+        return type(self)(rule, self.key)
 
     def next_after(self, instant: datetime, /) -> datetime | None:
         return self._rule.next_after(require_aware(instant), self.key)
@@ -309,6 +312,22 @@ class IntervalTrigger(_Frozen):
 
     def __repr__(self) -> str:
         text = self._rule.describe()
+        return f"{text}.for_job({self.key!r})" if self.key else text
+
+
+class FixedDelayTrigger(IntervalTrigger):
+    """Each tick is the job's last finish in the ledger plus ``delay``. ``next_after`` gives
+    the ticks of ``every(delay)``: a job with no tick recorded yet starts at the first of them
+    after its scheduler starts (or ``start_at``), the same on every replica."""
+
+    __slots__ = ()
+
+    @property
+    def delay(self) -> timedelta:
+        return cast(timedelta, self._rule.interval)  # (a plain delay: never None)
+
+    def __repr__(self) -> str:
+        text = "after" + self._rule.describe().removeprefix("every")
         return f"{text}.for_job({self.key!r})" if self.key else text
 
 
@@ -358,13 +377,18 @@ def every(
     jitter: timedelta | float | None = None,
     anchor: datetime | None = None,
     between: tuple[timedelta | float, timedelta | float] | None = None,
+    from_completion: bool = False,
 ) -> IntervalTrigger:
     """Ticks every ``interval`` (a timedelta, or seconds=/minutes=/hours=/days=), anchored at
     ``anchor`` (default: the Unix epoch), so that every replica agrees on them.
 
     ``jitter=`` delays each tick by a repeatable random amount below it. ``between=(lo, hi)``
     instead makes each gap a repeatable random duration in ``[lo, hi]``.
+    ``from_completion=True`` is a fixed delay, the same as :func:`after`: each tick follows
+    the last run's finish by ``interval``, across every replica.
     """
+    if from_completion and (jitter is not None or between is not None):
+        raise InvalidIntervalError("from_completion=True (a fixed delay) takes no jitter=/between=")
     rule = make_interval_rule(
         interval,
         seconds=seconds,
@@ -375,7 +399,23 @@ def every(
         anchor=None if anchor is None else require_aware(anchor, "anchor"),
         between=between,
     )
-    return IntervalTrigger(rule)
+    return FixedDelayTrigger(rule) if from_completion else IntervalTrigger(rule)
+
+
+def after(
+    delay: timedelta | None = None,
+    /,
+    *,
+    seconds: float = 0,
+    minutes: float = 0,
+    hours: float = 0,
+    days: float = 0,
+) -> FixedDelayTrigger:
+    """Fixed delay: each run starts ``delay`` after the job's last run finished, as the
+    ledger records it, on whichever replica claims it (see :class:`FixedDelayTrigger`)."""
+    units = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+    rule = make_interval_rule(delay, **units, jitter=None, anchor=None, between=None)
+    return FixedDelayTrigger(rule)
 
 
 def daily(

@@ -1,6 +1,7 @@
 """One replica process for the tests: a Scheduler on a PostgresBackend (``--dsn``) or an
 EmbeddedBackend (``--state-dir``) running ``--job NAME``, or ``--jobs N`` jobs ``job-0`` ..
-``job-{N-1}``, each ``every(seconds=--every-s)`` with ``overlap="skip"``.
+``job-{N-1}``, each ``every(seconds=--every-s)`` with ``overlap="skip"`` (with
+``--fixed-delay``: ``after(seconds=--every-s)``).
 
 Run as ``python -m tests._harness.replica --replica-id r1 --events FILE --dsn DSN ...`` from
 the repository root (:class:`tests._harness.replicas.Replicas` does). What it does goes to the
@@ -39,6 +40,7 @@ from replicron import (
     RunEvent,
     Scheduler,
     SystemClock,
+    after,
     current_run,
     every,
 )
@@ -123,6 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     jobs.add_argument("--job", help="one job of this name")
     jobs.add_argument("--jobs", type=int, help="this many jobs (job-0, job-1, ..)")
     parser.add_argument("--every-s", type=float, default=1.0, help="the jobs' interval")
+    parser.add_argument("--fixed-delay", action="store_true", help="after(seconds=--every-s)")
     parser.add_argument("--task-ms", type=int, default=20, help="how long each run works")
     parser.add_argument("--misfire-grace", type=float, default=None, help="the jobs', seconds")
     parser.add_argument("--max-workers", type=int, default=None)
@@ -200,7 +203,7 @@ def make_scheduler(
     names = [args.job] if args.job is not None else [f"job-{i}" for i in range(args.jobs)]
     for name in names:
         scheduler.add_job(
-            every(seconds=args.every_s),
+            after(seconds=args.every_s) if args.fixed_delay else every(seconds=args.every_s),
             task,
             name=name,
             overlap="skip",

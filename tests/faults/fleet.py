@@ -76,13 +76,14 @@ class Fleet(Replicas):
         coordination: str | None = None,
         max_workers: int | None = None,
         leader: bool = False,
+        fixed_delay: bool = False,
     ) -> Child:
         """Start replica ``replica_id``: inside the network namespace (``in_namespace``),
         with its wall clock shifted (``faketime="+30s"``), through a pgbouncer (``via=
         "transaction"`` or ``"session"``), through ``dsn``, or directly; in the fleet's mode
         unless ``coordination`` says another; with ``max_workers`` worker threads (by default
-        one per job); in leader mode with ``leader``. Does not wait for it: see
-        :meth:`wait_ready`."""
+        one per job); in leader mode with ``leader``; ``fixed_delay``: each job is
+        ``after(seconds=every_s)``. Does not wait for it: see :meth:`wait_ready`."""
         mode = coordination or self.coordination
         host = self.netns.host_address if in_namespace else "127.0.0.1"
         if dsn is not None:
@@ -108,6 +109,7 @@ class Fleet(Replicas):
             "session_pooler": via == "session" and mode == "advisory",
             "coordination": mode,
             "leader": leader,
+            "fixed_delay": fixed_delay,
         }  # fmt: skip
         return self.spawn_replica(
             replica_id,

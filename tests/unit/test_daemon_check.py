@@ -299,7 +299,8 @@ BAD = [
             "unknown table ['schedulr'] (did you mean 'scheduler'?)",
             "[scheduler]: http: 'x:0' needs a port from 1 to 65535",
             "job #1: needs a name",
-            "job 'a': needs exactly one of cron, every, between, daily, weekly, monthly, once",
+            "job 'a': needs exactly one of cron, every, after, between, daily, weekly, monthly,"
+            " once",
             "job 'a': command: ${NOPE} is not set in the environment",
         ],
         id="many",

@@ -23,7 +23,7 @@ from replicron.daemon._build import make_trigger, options_of
 from replicron.daemon._daemon import make_backend, make_scheduler, preview, validate
 from replicron.daemon.config import load_config, parse_config
 from replicron.postgres import PostgresBackend
-from replicron.triggers import upcoming
+from replicron.triggers import after, upcoming
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A job's lines with everything but its trigger, for rows about one trigger.
@@ -183,8 +183,8 @@ BAD = [
     ),
     pytest.param(
         job(TASK),
-        "job 'j': needs exactly one of cron, every, between, daily, weekly, monthly, once to "
-        "say when it runs; it has none",
+        "job 'j': needs exactly one of cron, every, after, between, daily, weekly, monthly, "
+        "once to say when it runs; it has none",
         id="no-trigger",
     ),
     pytest.param(
@@ -1112,3 +1112,43 @@ def test_leader_mode_must_be_true_or_false(text: str, problem: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parsed(text)
     assert any(problem in line for line in caught.value.problems), caught.value.problems
+
+
+# ---- fixed delay: after = "2s" -------------------------------------------------------------
+
+
+def test_after_is_a_fixed_delay_job(tmp_path: Path) -> None:
+    trigger = make_trigger(one_job(job('after = "1m30s"\n' + TASK)))
+    assert trigger == after(seconds=90)
+    assert problems_of(job('after = "2s"\n' + TASK), tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('after = "0s"\n', "job 'j': after: "),
+        ('after = "-2s"\n', "job 'j': after: must be longer than 0"),
+        ('after = "soon"\n', "job 'j': after: 'soon' is not a duration"),
+        ('after = "2s"\njitter = "1s"\n', "job 'j': jitter: applies to every jobs, not to after"),
+        ('after = "2s"\nevery = "1m"\n', "job 'j': needs exactly one of"),
+    ],
+    ids=["zero", "negative", "not-a-duration", "jitter", "two-triggers"],
+)
+def test_a_bad_fixed_delay_is_a_problem_at_load(body: str, expected: str, tmp_path: Path) -> None:
+    problems = problems_of(job(body + TASK), tmp_path)
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
+
+
+def test_check_shows_a_fixed_delay_jobs_first_tick_and_what_follows(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.toml"
+    path.write_text(
+        f'[scheduler]\nstate_dir = "{tmp_path / "state"}"\n' + job('after = "30s"\n' + TASK)
+    )
+    out = io.StringIO()
+    assert check_config(str(path), count=3, out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "  j: after = '30s'; runs true"
+    assert datetime.fromisoformat(lines[2].strip()).second in (0, 30)  # every(30 s)'s first
+    assert lines[3] == "    (if none is recorded yet; then 30s after each finish)"
+    assert lines[4:] == [f"OK: {path} is valid"]

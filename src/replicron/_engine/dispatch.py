@@ -329,6 +329,7 @@ class Dispatcher:
 
     async def after_release(self, states: Sequence[JobState | None]) -> None:
         """Outcomes were written: start what waited for those runs to end."""
+        self._registry.chains_finished(states)
         for state in states:
             if (
                 state is not None

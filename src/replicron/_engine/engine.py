@@ -30,6 +30,7 @@ from replicron.context import _current
 from replicron.events import Listener
 
 from .background import Background
+from .chain_reads import ChainReads
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
 from .leadership import Leadership
@@ -122,6 +123,7 @@ class Engine:
             retries=self._retries, observer=self.observer,
         )  # fmt: skip
         self.cluster = ClusterWatch(backend, self.registry, self.observer)
+        self._chains = ChainReads(backend, self.registry, self.observer)
         self._membership = Membership(shared, self.observer, self._background)
         # The registry hears at once that a job expects no more ticks.
         self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
@@ -274,6 +276,7 @@ class Engine:
         self._wake.clear()
         now = self.clock.now()
         lead = self._dispatcher.lead()
+        await self._chains.read(now + lead)  # fixed-delay jobs: their next ticks first
         decision, immediate, catch_up, manual = self.registry.take_due(now + lead)
         catch_up, since = self.leadership.step(catch_up)
         retries = self._retries
@@ -323,9 +326,9 @@ class Engine:
         deadline = self._runs.next_deadline()
         if deadline is not None and (wake_at is None or deadline < wake_at):
             wake_at = deadline
-        more_at = self._dispatcher.claim_more_at()
-        if more_at is not None and (wake_at is None or more_at < wake_at):
-            wake_at = more_at
+        for more_at in (self._dispatcher.claim_more_at(), self._chains.read_at()):
+            if more_at is not None and (wake_at is None or more_at < wake_at):
+                wake_at = more_at
         return retries.wake_at(wake_at)
 
     def _thread_freed(self) -> None:

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
+from replicron.backends.base import LastFinish
 from replicron.triggers import Trigger
+
+from .chain import KEEP, Chain, chain_of
 
 __all__ = [
     "MAX_ENUMERATED_TICKS",
@@ -65,6 +68,7 @@ class _Entry:
     stop_at: datetime | None
     next_due: datetime | None
     generation: int
+    chain: Chain | None = None
 
 
 class Planner:
@@ -83,6 +87,7 @@ class Planner:
         # collector tracks them meanwhile (one per job, until the instant).
         self._prepared: dict[str, Tick] = {}
         self._prepared_at: datetime | None = None
+        self._chains: dict[str, _Entry] = {}  # the fixed-delay jobs
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -107,6 +112,10 @@ class Planner:
         generation = 0 if old is None else old.generation + 1
         entry = _Entry(trigger, start_at, stop_at, None, generation)
         self._entries[job] = entry
+        self._chains.pop(job, None)
+        entry.chain = chain_of(trigger, now)
+        if entry.chain is not None:
+            self._chains[job] = entry
         origin = now if after is None else after
         if start_at is not None and start_at - _EPSILON > origin:
             origin = start_at - _EPSILON
@@ -115,6 +124,7 @@ class Planner:
 
     def remove(self, job: str) -> bool:
         self._prepared.pop(job, None)
+        self._chains.pop(job, None)
         return self._entries.pop(job, None) is not None
 
     def next_due(self, job: str) -> datetime | None:
@@ -133,6 +143,8 @@ class Planner:
         prepared = self._prepared.get(job)
         if prepared is not None:
             found.append(prepared.scheduled_at)
+        if entry.chain is not None:  # the ticks after it follow finishes still to come
+            return [entry.next_due] if entry.next_due is not None and count > 0 else []
         current = entry.next_due
         while current is not None and len(found) < count:
             found.append(current)
@@ -159,12 +171,21 @@ class Planner:
             return 0
         at = heap[0][0]  # jobs added since the last call join the prepared ones
         before = len(self._prepared)
+        chained: list[tuple[datetime, int, str, int]] = []
         while heap and heap[0][0] == at:
-            job = heapq.heappop(heap)[2]
+            item = heapq.heappop(heap)
+            job = item[2]
             entry = entries[job]
-            self._prepared[job] = Tick(job, at)
-            self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(at)))
+            if entry.chain is not None:  # decided at its instant, after a read of the ledger
+                chained.append(item)
+            else:
+                self._prepared[job] = Tick(job, at)
+                self._set_next(job, entry, self._bounded(entry, entry.trigger.next_after(at)))
             self._drop_stale()
+        for item in chained:
+            heapq.heappush(heap, item)
+        if not self._prepared:  # only fixed-delay jobs at that instant
+            return 0
         self._prepared_at = at
         return len(self._prepared) - before
 
@@ -188,6 +209,11 @@ class Planner:
             job = heapq.heappop(heap)[2]
             entry = entries[job]
             assert entry.next_due is not None
+            if entry.chain is not None:  # one tick at a time: the next follows its finish
+                popped.append(Tick(job, entry.next_due))
+                entry.chain.hand_out(entry.next_due)
+                entry.next_due = None
+                continue
             tick, following, missed, truncated = self._coalesce(entry, entry.next_due, now)
             earlier = prepared.pop(job, None)
             if earlier is not None:  # a later tick is due too: the prepared one is coalesced
@@ -210,6 +236,41 @@ class Planner:
                 due.sort(key=_tick_time)
         decision.wake_at = heap[0][0] if heap else None
         return decision
+
+    # ---- fixed-delay jobs: the next tick follows the last finish in the ledger -------------
+
+    def chains_to_read(self, now: datetime) -> list[str]:
+        """The fixed-delay jobs whose last finish is to be read from the ledger at ``now``
+        (in one statement)."""
+        return [
+            job for job, entry in self._chains.items()
+            if entry.chain is not None and entry.chain.wants_read(now, entry.next_due)
+        ]  # fmt: skip
+
+    def chain_read_at(self) -> datetime | None:
+        """When the ledger is to be read next for a fixed-delay job."""
+        times = [e.chain.read_at for e in self._chains.values() if e.chain and e.chain.read_at]
+        return min(times, default=None)
+
+    def learn(self, job: str, last: LastFinish | None, now: datetime) -> None:
+        """The ledger's latest row of fixed-delay ``job`` (``None``: it has none), read at
+        ``now``: plan its next tick from the row's end, or none while it is open."""
+        entry = self._entries.get(job)
+        if entry is None or entry.chain is None:
+            return
+        tick = entry.chain.learn(last, now, entry.next_due, entry.start_at)
+        if tick is None:
+            entry.next_due = None  # its heap entry is dropped as stale when it surfaces
+        elif tick is not KEEP and tick != entry.next_due:
+            assert isinstance(tick, datetime)
+            self._set_next(job, entry, tick)
+
+    def finished_here(self, job: str, now: datetime) -> None:
+        """A run of fixed-delay ``job`` ended here and its outcome is written: read its
+        finish at once rather than at the next read."""
+        entry = self._entries.get(job)
+        if entry is not None and entry.chain is not None and entry.next_due is None:
+            entry.chain.read_at = now
 
     def _coalesce(
         self, entry: _Entry, first: datetime, now: datetime

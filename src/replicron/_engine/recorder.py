@@ -83,10 +83,11 @@ class Recorder:
         then_next: bool = False,
     ) -> None:
         """A claimed tick that did not run (skipped, missed, ...); ``then_next``: it was its
-        job's turn, so what waits behind it (a catch-up backlog) is started once recorded."""
+        job's turn, so what waits behind it (a catch-up backlog) is started once recorded.
+        Its finish is when it was recorded: a fixed-delay job's next tick follows it."""
         record = RunRecord(
             state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
-            None, None, detail, claim.manual,
+            None, self._registry.clock.now(), detail, claim.manual,
         )  # fmt: skip
         self.report(record, state, detail=detail)
         self.release(record, unlock, state if then_next else None)
@@ -166,9 +167,10 @@ class Recorder:
         """Record ``ticks`` missed, where no replica has them; returns those the backend
         found not yet due by its clock (ours runs ahead): they are to be claimed shortly."""
         missed, replica, registry = Outcome.MISSED, self.replica_id, self._registry
+        now = registry.clock.now()
         records = [
             RunRecord(
-                t.job, t.scheduled_at, missed, replica, None, None, None, why, False,
+                t.job, t.scheduled_at, missed, replica, None, None, now, why, False,
                 None if (state := registry.get(t.job)) is None else state.spec.max_runs,
             )
             for t in ticks

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from replicron.backends.base import Backend
+from replicron.triggers import FixedDelayTrigger
 
 from .observe import Observer
 from .planner import Tick, catch_up_plan, resync_plan, ticks_from
@@ -57,7 +58,9 @@ class Recovery:
             state, last = self._registry.get(name), lasts.get(name)
             if last is None and since:
                 last = since.get(name)
-            if state is None or last is None:
+            # A fixed-delay job has one tick at a time, planned from its last finish: a
+            # stale one runs once, late (or is missed past misfire_grace), never replayed.
+            if state is None or last is None or isinstance(state.spec.trigger, FixedDelayTrigger):
                 continue
             spec = state.spec
             due, missed, truncated = catch_up_plan(

@@ -11,7 +11,15 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from replicron._schedule.tz import MICROSECOND
-from replicron.backends.base import Backend, Claim, PackedRecord, RunRecord, unpack_record
+from replicron.backends.base import (
+    Backend,
+    Claim,
+    LastFinish,
+    LastFinishes,
+    PackedRecord,
+    RunRecord,
+    unpack_record,
+)
 from replicron.clock import Clock
 from replicron.errors import (
     ConfigurationError,
@@ -22,7 +30,7 @@ from replicron.errors import (
     PastInstantError,
 )
 from replicron.events import RunEvent
-from replicron.triggers import OneTimeTrigger, Trigger
+from replicron.triggers import FixedDelayTrigger, OneTimeTrigger, Trigger
 
 from .cluster_calls import blocking, registry_of
 from .lifecycle import Lifecycle
@@ -325,6 +333,34 @@ class JobRegistry:
             self._planner.prepare()
             return self._planner.prepared()
 
+    def chains_to_read(self, now: datetime) -> list[str]:
+        """Fixed-delay jobs whose last finish to read from the ledger now."""
+        with self._lock:
+            return self._planner.chains_to_read(now)
+
+    def chains_learned(
+        self, jobs: Sequence[str], found: Mapping[str, LastFinish], now: datetime
+    ) -> None:
+        """What the ledger holds of fixed-delay ``jobs`` (those not in ``found`` have no row)."""
+        with self._lock:
+            for job in jobs:
+                self._planner.learn(job, found.get(job), now)
+
+    def chain_read_at(self) -> datetime | None:
+        with self._lock:
+            return self._planner.chain_read_at()
+
+    def chains_finished(self, states: Sequence[JobState | None]) -> None:
+        """Outcomes of these jobs were written: a fixed-delay one reads its finish at once."""
+        now, planner, woken = self.clock.now(), self._planner, False
+        with self._lock:
+            for state in states:
+                if state is not None and isinstance(state.spec.trigger, FixedDelayTrigger):
+                    planner.finished_here(state.spec.name, now)
+                    woken = True
+        if woken:
+            self._wake()
+
     def states(self) -> Iterator[JobState]:
         """Every job's state; on the loop (a snapshot, so registration may go on)."""
         with self._lock:
@@ -344,6 +380,14 @@ class JobRegistry:
         if spec.max_runs is not None and state.runs_started >= spec.max_runs:
             self._planner.remove(spec.name)
             return
+        if (
+            check and isinstance(spec.trigger, FixedDelayTrigger)
+            and not isinstance(self._backend, LastFinishes)
+        ):  # fmt: skip
+            raise InvalidJobOptionError(
+                f"job {spec.name!r}: trigger {spec.trigger!r} follows the last finish in the "
+                f"ledger, which {type(self._backend).__name__} cannot read (no last_finishes)"
+            )
         now = self.clock.now()
         first = self._planner.add(
             spec.name, spec.trigger, now, start_at=spec.start_at, stop_at=spec.stop_at

@@ -309,7 +309,9 @@ class RunExecutor:
         ran = run.missed is None and not run.unstarted
         record = RunRecord(
             run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
-            run.started_at if ran else None, finished if ran else None, text, run.manual,
+            # A run that never started ends when it is recorded: a fixed-delay job goes on
+            # from then.
+            run.started_at if ran else None, finished, text, run.manual,
         )  # fmt: skip
         recorder = self._recorder
         recorder.report(

@@ -282,6 +282,15 @@ class Ledger:
                     found[job] = tick
         return found
 
+    def last_finishes(self, jobs: Sequence[str]) -> dict[str, tuple[int, int | None, str | None]]:
+        """Each job's latest tick, its finish and outcome (both NULL while open)."""
+        found: dict[str, tuple[int, int | None, str | None]] = {}
+        with self.snapshot() as conn:
+            for job in jobs:
+                for tick, finished, outcome in conn.execute(sql("last_finish"), {"job": job}):
+                    found[job] = (tick, finished, outcome)
+        return found
+
     def abandon_dead(self) -> list[OpenRun]:
         """Janitor: record abandoned every open row whose process died; those rows."""
         with self.snapshot() as conn:

@@ -11,7 +11,7 @@ A backend answers three questions for the engine:
 * **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
   no replica was up.
 
-Two optional capabilities are small protocols of their own, checked with ``isinstance``:
+Optional capabilities are small protocols of their own, checked with ``isinstance``:
 
 * :class:`SharedCoordination`: replicas in other processes claim from the backend too. A
   scheduler then claims at an instant only the runs it can start promptly (``spreads_bursts``)
@@ -21,6 +21,8 @@ Two optional capabilities are small protocols of their own, checked with ``isins
 * :class:`RunRequests`: manual runs asked for across the cluster (``replicron run-now``),
   which every replica that schedules the job polls for and claims as a manual run at the
   requested instant: the ledger's unique ``(job, scheduled_at)`` runs each once.
+* :class:`LastFinishes`: the backend reads each job's latest recorded tick and how it ended,
+  for fixed-delay jobs (``after(...)``), whose next tick follows the last finish.
 * :class:`ClusterRegistry`: the backend keeps the cluster's job registry (what each replica
   schedules, for overdue jobs and drift), its pauses, and its status for operators;
   :class:`NamespacedRegistry` also lists the namespaces sharing its store.
@@ -47,6 +49,8 @@ __all__ = [
     "ClaimRequest",
     "ClaimStatus",
     "ClusterRegistry",
+    "LastFinish",
+    "LastFinishes",
     "LeasedRuns",
     "NamespacedRegistry",
     "Release",
@@ -289,6 +293,26 @@ class SharedCoordination(Protocol):
     def refusal(self) -> str | None:
         """Why this replica claims nothing now though connected (PostgreSQL: replicas of the
         other coordination mode share its namespace), or ``None``: for readiness."""
+
+
+class LastFinish(NamedTuple):
+    """A job's latest tick in the ledger (manual runs left out) and how it ended."""
+
+    scheduled_at: datetime
+    #: When its row was ended, on the ledger's clock: the run's finish, or when a tick that
+    #: did not run was recorded (missed, skipped, paused, abandoned). ``None`` while open.
+    finished_at: datetime | None
+    #: ``None`` while the tick is claimed and not yet ended (its run goes on).
+    outcome: Outcome | None
+
+
+@runtime_checkable
+class LastFinishes(Protocol):
+    """A backend that reads each job's latest tick and its end in one call."""
+
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
+        """The latest tick of each job anybody claimed or recorded, and how it ended (jobs
+        with none are left out; manual runs are not ticks). Times are in UTC."""
 
 
 @runtime_checkable

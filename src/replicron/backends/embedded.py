@@ -195,6 +195,9 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         return await self._call(self._last_ticks, jobs) if jobs else {}
 
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, base.LastFinish]:
+        return await self._call(self._last_finishes, jobs) if jobs else {}
+
     def clock_offset(self) -> timedelta | None:
         return None  # the processes share this host's clock
 
@@ -362,6 +365,17 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
     def _last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         found = self._require().last_ticks(list(dict.fromkeys(jobs)))
         return {job: from_micros(tick) for job, tick in found.items()}
+
+    def _last_finishes(self, jobs: Sequence[str]) -> dict[str, base.LastFinish]:
+        found = self._require().last_finishes(list(dict.fromkeys(jobs)))
+        return {
+            job: base.LastFinish(
+                from_micros(tick),
+                None if finished is None else from_micros(finished),
+                None if outcome is None else Outcome(outcome),
+            )
+            for job, (tick, finished, outcome) in found.items()
+        }
 
     def _require(self) -> Ledger:
         if self._ledger is None:

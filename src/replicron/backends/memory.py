@@ -31,6 +31,7 @@ from .base import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    LastFinish,
     PackedRecord,
     Release,
     RunRecord,
@@ -76,6 +77,17 @@ class _JobState:
     # Scheduled runs claimed, less those recorded as not run: counted against max_runs.
     runs: int = 0
     history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
+    # The outcome of a tick of the trigger, kept however many manual runs follow it: the
+    # latest one is what a fixed-delay job's next tick follows.
+    last_tick_end: PackedRecord | None = None
+
+    def keep(self, record: RunRecord) -> None:
+        packed = pack_record(record)
+        self.history.append(packed)
+        if not record.manual:
+            end = self.last_tick_end
+            if end is None or end[1] <= record.scheduled_at:
+                self.last_tick_end = packed
 
 
 class MemoryState:
@@ -207,7 +219,7 @@ class MemoryBackend:
                         name, tick, Outcome.PAUSED, replica, run_id, None, None,
                         "the job is paused",
                     )  # fmt: skip
-                    job.history.append(pack_record(record))
+                    job.keep(record)
                     add(_new(Claim, (name, tick, _PAUSED, run_id, False, manual)))
                     continue
                 if lock and job.lock_replica is not None:
@@ -260,7 +272,7 @@ class MemoryBackend:
         with self.state.lock:
             for record, unlock in releases:
                 job = self.state.job(record.job)
-                job.history.append(pack_record(record))
+                job.keep(record)
                 if record.outcome in _NOT_RUN and record.run_id is not None and not record.manual:
                     job.runs -= 1
                 if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
@@ -277,7 +289,7 @@ class MemoryBackend:
                     continue
                 taken = self._take_tick(job, record.scheduled_at)
                 if taken:
-                    job.history.append(pack_record(record))
+                    job.keep(record)
                 done.append(taken)
         return done
 
@@ -290,6 +302,21 @@ class MemoryBackend:
                 name: self.state.jobs[name].last_tick for name in jobs if name in self.state.jobs
             }
         return {name: tick for name, tick in found.items() if tick is not None}
+
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
+        found: dict[str, LastFinish] = {}
+        with self.state.lock:
+            for name in jobs:
+                job = self.state.jobs.get(name)
+                if job is None or job.last_tick is None:
+                    continue
+                tick, end = job.last_tick, job.last_tick_end
+                ended = None if end is None or end[1] != tick else unpack_record(end)
+                found[name] = (
+                    LastFinish(tick, None, None) if ended is None
+                    else LastFinish(tick, ended.finished_at, ended.outcome)
+                )  # fmt: skip
+        return found
 
     # ---- the cluster's registry, pauses and status --------------------------------------
 

@@ -87,7 +87,9 @@ def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
         print(f"  {job.name}: {job.trigger} = {job.schedule!r}; runs {what}", file=out)
         for instant in upcoming_runs[job.name]:
             print(f"    {instant.astimezone(zone).isoformat()}", file=out)
-        if not upcoming_runs[job.name]:
+        if job.trigger == "after":  # the ticks after the first follow the finishes
+            print(f"    (if none is recorded yet; then {job.schedule} after each finish)", file=out)
+        elif not upcoming_runs[job.name]:
             print("    (no more fire times)", file=out)
     print(f"OK: {path} is valid", file=out)
     return 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from replicron.errors import PastInstantError, ReplicronError
 from replicron.scheduler import AsyncScheduler
-from replicron.triggers import Trigger, cron, daily, every, monthly, once, weekly
+from replicron.triggers import Trigger, after, cron, daily, every, monthly, once, weekly
 
 from ._values import ValueProblem, parse_duration, parse_instant
 from .command import CommandTask
@@ -45,6 +45,8 @@ def make_trigger(job: JobConfig) -> Trigger:
         return cron(value, seconds=job.seconds, tz=job.tz)
     if job.trigger == "every":
         return every(parse_duration(value), jitter=job.jitter)
+    if job.trigger == "after":  # fixed delay: from the last finish in the ledger
+        return after(parse_duration(value))
     if job.trigger == "between":
         if not isinstance(value, list) or len(value) != 2:
             raise ValueProblem(f'must be two durations, such as ["1m", "5m"], not {value!r}')

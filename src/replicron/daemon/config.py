@@ -115,7 +115,7 @@ class DaemonConfig:
 MAX_WORKERS = 1024
 
 #: How a job says when it runs: exactly one of these per job.
-TRIGGER_KEYS = ("cron", "every", "between", "daily", "weekly", "monthly", "once")
+TRIGGER_KEYS = ("cron", "every", "after", "between", "daily", "weekly", "monthly", "once")
 _JOB_KEYS = (
     "name", *TRIGGER_KEYS, "seconds", "at", "tz", "jitter", "command", "shell", "call", "args",
     "kwargs", "env", "cwd", "timeout", "kill_grace", "overlap", "catch_up", "misfire_grace",

@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 from replicron.backends.base import (
     Claim,
     ClaimRequest,
+    LastFinish,
     Release,
     answer_each,
     once_per_tick,
@@ -35,6 +36,7 @@ from replicron.backends.base import (
 )
 from replicron.backends.leadership import Leader
 from replicron.errors import ConfigurationError, LockKeyCollisionError
+from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
 
 from ._advisory import refuse_pooler
@@ -391,6 +393,17 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))
         return {job: tick.astimezone(UTC) for job, tick in rows}
+
+    async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
+        rows = await self._fetch("last_finishes", retry=True, jobs=list(dict.fromkeys(jobs)))
+        return {
+            job: LastFinish(
+                tick.astimezone(UTC),
+                None if finished is None else finished.astimezone(UTC),
+                None if outcome is None else Outcome(outcome),
+            )
+            for job, tick, finished, outcome in rows
+        }
 
     # ---- status ---------------------------------------------------------------------------
 

@@ -120,6 +120,13 @@ ON CONFLICT (job, scheduled_at) DO NOTHING;
 -- The job's latest tick (manual runs are not ticks): a single index lookup.
 SELECT max(scheduled_at) FROM replicron_runs WHERE job = :job AND manual = 0;
 
+-- name: last_finish
+-- The job's latest tick (manual runs are not ticks) and how it ended: one index lookup.
+SELECT scheduled_at, finished_at, outcome FROM replicron_runs
+WHERE job = :job AND manual = 0
+ORDER BY scheduled_at DESC
+LIMIT 1;
+
 -- ---- retention ---------------------------------------------------------------------------
 
 -- name: prunable_runs

@@ -389,6 +389,19 @@ FROM replicron_runs
 WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[]) AND NOT manual
 GROUP BY job;
 
+-- name: last_finishes
+-- The latest tick of each job (manual runs are not ticks) and how it ended, for fixed-delay
+-- jobs: one backward index lookup per job, never a scan of its history.
+SELECT wanted.job, last.scheduled_at, last.finished_at, last.outcome
+FROM unnest(%(jobs)s::text[]) AS wanted(job)
+CROSS JOIN LATERAL (
+    SELECT run.scheduled_at, run.finished_at, run.outcome
+    FROM replicron_runs run
+    WHERE run.namespace = %(namespace)s AND run.job = wanted.job AND NOT run.manual
+    ORDER BY run.scheduled_at DESC
+    LIMIT 1
+) AS last;
+
 -- name: abandon_stale
 -- Janitor: open ticks of replicas that stopped heartbeating are recorded abandoned, unless the
 -- run's job lock is still held by the server session that claimed it (a frozen process whose
