@@ -118,10 +118,9 @@ class Engine:
         )  # fmt: skip
         self._runs.sync.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
-        self._recovery = Recovery(
-            backend=backend, registry=self.registry, recorder=self._recorder,
-            retries=self._retries, observer=self.observer,
-        )  # fmt: skip
+        self._recovery = Recovery(backend=backend, registry=self.registry,
+                                  recorder=self._recorder, retries=self._retries,
+                                  observer=self.observer)  # fmt: skip
         self.cluster = ClusterWatch(backend, self.registry, self.observer)
         self._chains = ChainReads(backend, self.registry, self.observer)
         self._membership = Membership(shared, self.observer, self._background)
@@ -323,12 +322,10 @@ class Engine:
         self._prepare_soon(wake_at)
         if wake_at is not None:
             wake_at -= lead
-        deadline = self._runs.next_deadline()
-        if deadline is not None and (wake_at is None or deadline < wake_at):
-            wake_at = deadline
-        for more_at in (self._dispatcher.claim_more_at(), self._chains.read_at()):
-            if more_at is not None and (wake_at is None or more_at < wake_at):
-                wake_at = more_at
+        others = (self._runs.next_deadline(), self._dispatcher.claim_more_at())
+        for at in (*others, self._chains.read_at()):
+            if at is not None and (wake_at is None or at < wake_at):
+                wake_at = at
         return retries.wake_at(wake_at)
 
     def _thread_freed(self) -> None:
