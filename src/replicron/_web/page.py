@@ -71,11 +71,7 @@ def status_page(status: ClusterStatus, *, title: str, refresh: float, base: str)
             _tiles(status, jobs),
             _problems(problems),
             _section("Jobs", _jobs_table(sorted(jobs, key=_order), now), len(status.jobs)),
-            _section(
-                "Replicas",
-                _replicas_table(status.replicas, now, status.leader),
-                len(status.replicas),
-            ),
+            _section("Replicas", _replicas_table(status, now), len(status.replicas)),
             _footer(now, refresh, base),
         )
     )
@@ -343,11 +339,11 @@ def _outcome_class(outcome: Outcome | None) -> str:
 # ---- replicas -----------------------------------------------------------------------------
 
 
-def _replicas_table(replicas: Iterable[ReplicaStatus], now: datetime, leader: str | None) -> str:
-    ordered = sorted(replicas, key=lambda r: (not r.alive, r.replica_id))
+def _replicas_table(status: ClusterStatus, now: datetime) -> str:
+    ordered = sorted(status.replicas, key=lambda r: (not r.alive, r.replica_id))
     if not ordered:
         return '<div class="panel allgood none">No replica has registered.</div>'
-    rows = "".join(_replica_row(r, now, r.replica_id == leader) for r in ordered)
+    rows = "".join(_replica_row(r, now, r.replica_id == status.leader) for r in ordered)
     return _table("replicas", _REPLICA_COLUMNS, rows)
 
 
