@@ -18,13 +18,12 @@ import random
 import string
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ._notify_http import PermanentFailure, post
 from .errors import InvalidNotifierError
 
 __all__ = [
@@ -45,8 +44,6 @@ __all__ = [
 
 #: Shown in place of a secret.
 MASK = "***"
-#: A response this long is read no further: only its status counts.
-_READ_AT_MOST = 64 * 1024
 
 
 def mask_url(url: str) -> str:
@@ -177,10 +174,6 @@ def ping_url(base: str, suffix: str) -> str:
         return base
     parts = urlsplit(base)
     return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + suffix))
-
-
-class PermanentFailure(Exception):
-    """An answer no retry will change (a 4xx other than 408 and 429)."""
 
 
 @dataclass(order=True)
@@ -374,13 +367,4 @@ class Courier:
             headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
             url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         headers.update(self._headers)
-        request = urllib.request.Request(url, data=delivery.body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                response.read(_READ_AT_MOST)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            # A refused request (bad token, gone webhook) stays refused: no retries.
-            if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                raise PermanentFailure(f"HTTP {exc.code} {exc.reason}") from None
-            raise OSError(f"HTTP {exc.code} {exc.reason}") from None
+        post(url, delivery.body, headers, self._timeout)

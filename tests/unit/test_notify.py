@@ -29,7 +29,7 @@ from replicron.metrics import NotifierCollector
 from replicron.notify import Notifier
 from replicron.testing import FakeClock
 from tests.helpers import START, Recorder
-from tests.receiver import receiving
+from tests.receiver import dripping, receiving
 
 T1 = START + timedelta(seconds=10)
 SECRET = "Hunter2Secret"
@@ -245,6 +245,43 @@ def test_a_hanging_endpoint_delays_no_run_and_a_stop_only_by_flush_timeout() -> 
     assert five_ticks < 10, five_ticks
     assert stopping < 10, stopping
     assert notifier.counts.dropped >= 10  # 5 alerts + 10 pings queued, 1 at the endpoint
+
+
+def test_an_endpoint_answering_a_byte_at_a_time_is_cut_off_after_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "replicron.notify")
+    with dripping() as url:
+        notifier = Notifier(url, timeout=0.5, attempts=2, backoff=0.01)
+        began = time.monotonic()
+        notifier.after_failure(failed_event())
+        # Each read gets its byte within the timeout: only a bound on the whole request ends it.
+        assert notifier.flush(30)
+        took = time.monotonic() - began
+    assert (notifier.counts.failed, notifier.counts.retried, notifier.counts.sent) == (1, 1, 0)
+    assert took < 15, took  # two attempts of 0.5 s, on a loaded machine
+    assert "not delivered after 2 attempts: TimeoutError" in caplog.text
+
+
+def test_a_redirect_is_not_followed_so_credentials_stay_with_the_endpoint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with receiving() as endpoint, receiving() as elsewhere:
+        endpoint.statuses = [302, 307]
+        endpoint.location = elsewhere.url("/collect")
+        notifier = Notifier(
+            endpoint.url().replace("//", "//user:pass-word@"), headers={"X-Api-Key": "key-123"},
+            attempts=3, backoff=0.01,
+        )  # fmt: skip
+        notifier.after_failure(failed_event("a"))
+        notifier.after_failure(failed_event("b"))
+        assert notifier.flush(10)
+        assert len(endpoint.received) == 2  # a redirect stays one: no retries
+    # Followed, a 302 turns the POST into a bodiless GET and takes the basic authentication
+    # and the headers to whatever host the Location names.
+    assert elsewhere.received == []
+    assert (notifier.counts.sent, notifier.counts.failed) == (0, 2)
+    assert "redirect" in caplog.text
 
 
 def test_a_full_queue_drops_its_oldest_message_with_a_warning(
