@@ -208,6 +208,51 @@ class NotificationCounts:
     retried: int = 0
 
 
+class _Waiting:
+    """The deliveries waiting: taken by due time, dropped oldest first, each in O(log n) (the
+    hooks that queue run on the scheduler's loop). One taken or dropped leaves a stale entry
+    in the other heap, skipped when met and swept out once stale entries abound."""
+
+    def __init__(self) -> None:
+        self._by_due: list[Delivery] = []
+        self._by_age: list[tuple[int, Delivery]] = []
+        self._seqs: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def push(self, delivery: Delivery) -> None:
+        self._seqs.add(delivery.seq)
+        heapq.heappush(self._by_due, delivery)
+        heapq.heappush(self._by_age, (delivery.seq, delivery))
+        if len(self._by_due) + len(self._by_age) > 4 * len(self._seqs) + 64:
+            self._by_due = [d for d in self._by_due if d.seq in self._seqs]
+            heapq.heapify(self._by_due)
+            self._by_age = sorted({s: (s, d) for s, d in self._by_age if s in self._seqs}.values())
+
+    def first_due(self) -> Delivery | None:
+        while self._by_due and self._by_due[0].seq not in self._seqs:
+            heapq.heappop(self._by_due)
+        return self._by_due[0] if self._by_due else None
+
+    def take_first_due(self) -> Delivery:
+        delivery = heapq.heappop(self._by_due)
+        self._seqs.discard(delivery.seq)
+        return delivery
+
+    def drop_oldest(self) -> Delivery:
+        while True:
+            seq, delivery = heapq.heappop(self._by_age)
+            if seq in self._seqs:
+                self._seqs.discard(seq)
+                return delivery
+
+    def clear(self) -> int:
+        left = len(self._seqs)
+        self._by_due, self._by_age, self._seqs = [], [], set()
+        return left
+
+
 class Courier:
     """Sends deliveries on its own thread; :meth:`put` never blocks on the network."""
 
@@ -229,7 +274,7 @@ class Courier:
         self._backoff, self._max_backoff = backoff, max_backoff
         self._max_queue = max_queue
         self._secrets = list(secrets)
-        self._queue: list[Delivery] = []  # a heap by (due, seq)
+        self._queue = _Waiting()
         self._seq = itertools.count()
         self._busy = 0
         self._cond = threading.Condition()
@@ -247,7 +292,7 @@ class Courier:
             delivery.seq = next(self._seq)
             delivery.due = time.monotonic()
             dropped = self._make_room()
-            heapq.heappush(self._queue, delivery)
+            self._queue.push(delivery)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._work, name="replicron-notifier", daemon=True
@@ -263,9 +308,7 @@ class Courier:
     def _make_room(self) -> Delivery | None:
         if len(self._queue) < self._max_queue:
             return None
-        oldest = min(self._queue, key=lambda d: d.seq)
-        self._queue.remove(oldest)
-        heapq.heapify(self._queue)
+        oldest = self._queue.drop_oldest()
         self.counts.dropped += 1
         return oldest
 
@@ -287,8 +330,7 @@ class Courier:
         if self.flush(timeout):
             return
         with self._cond:
-            left = len(self._queue)
-            self._queue.clear()
+            left = self._queue.clear()
             self.counts.dropped += left
             self._cond.notify_all()
         if left:
@@ -315,10 +357,10 @@ class Courier:
     def _next(self) -> Delivery | None:
         """The first due delivery, waiting for it; ``None`` when nothing is queued (lock
         held)."""
-        while self._queue:
-            wait = self._queue[0].due - time.monotonic()
+        while (first := self._queue.first_due()) is not None:
+            wait = first.due - time.monotonic()
             if wait <= 0:
-                return heapq.heappop(self._queue)
+                return self._queue.take_first_due()
             self._cond.wait(wait)
         return None
 
@@ -337,7 +379,7 @@ class Courier:
                     delivery.attempt += 1
                     # Jitter, so that replicas retrying one endpoint do not come back together.
                     delivery.due = time.monotonic() + delay * random.uniform(0.5, 1.0)
-                    heapq.heappush(self._queue, delivery)
+                    self._queue.push(delivery)
             if final:
                 self._logger.warning(
                     "notification %s not delivered after %d attempts: %s",

@@ -304,6 +304,24 @@ def test_a_full_queue_drops_its_oldest_message_with_a_warning(
     )
 
 
+def test_a_burst_into_a_full_queue_costs_each_message_little() -> None:
+    # The hooks run on the scheduler's loop: dropping the oldest must not scan the queue.
+    with receiving() as receiver:
+        receiver.hang.set()
+        notifier = Notifier(receiver.url(), max_queue=5000, timeout=30, flush_timeout=0.1)
+        notifier.after_failure(failed_event("first"))
+        receiver.wait_for(1)  # held at the endpoint: the queue only fills
+        events = [failed_event(f"job-{n}") for n in range(10_000)]
+        began = time.perf_counter()
+        for event in events:
+            notifier.after_failure(event)
+        took = time.perf_counter() - began
+        assert notifier.counts.dropped == 5000
+        notifier.close()
+    # Scanning the queue at each drop took 12 s here; dropping from a heap, 0.4 s.
+    assert took < 4, took
+
+
 def test_no_secret_of_a_url_or_header_shows_in_logs_errors_or_repr(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
