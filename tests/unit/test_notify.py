@@ -438,3 +438,47 @@ def test_an_overdue_job_is_alerted_once_by_one_of_the_live_replicas(tmp_path: Pa
     assert body["tick"] == T1.isoformat()
     overdue = f"replicron: job 'etl' overdue: the tick due at {T1.isoformat()} has no run"
     assert body["text"].startswith(overdue)
+
+
+def test_one_notifier_attached_to_two_schedulers_serves_both(tmp_path: Path) -> None:
+    _leave_an_overdue_job(tmp_path)
+    with receiving() as receiver:
+        notifier = Notifier(receiver.url(), overdue_every=0.05)
+        replicas = []
+        for replica in ("a-replica", "b-replica"):  # a-replica, the smallest id, sends
+            s = Scheduler(
+                clock=FakeClock(START), backend=EmbeddedBackend(tmp_path), replica_id=replica
+            )
+            notifier.attach(s)
+            replicas.append(s)
+        for s in replicas:
+            s.start()
+        try:
+            [alert] = receiver.wait_for(1)
+        finally:
+            for s in replicas:
+                s.shutdown()
+    assert (alert.json()["event"], alert.json()["replica"]) == ("overdue", "a-replica")
+
+
+def test_a_shared_notifier_stops_with_the_last_of_its_schedulers() -> None:
+    with receiving() as receiver:
+        receiver.hang.set()
+        notifier = Notifier(receiver.url(), timeout=30, flush_timeout=0.1)
+        first, second = (Scheduler(clock=FakeClock(START), replica_id=r) for r in ("r1", "r2"))
+        detach_first = notifier.attach(first)
+        notifier.attach(second)
+        first.start()
+        second.start()
+        try:
+            notifier.after_failure(failed_event("held"))
+            receiver.wait_for(1)
+            notifier.after_failure(failed_event("queued"))
+            first.shutdown()
+            detach_first()
+            dropped_while_second_runs = notifier.counts.dropped
+        finally:
+            first.shutdown()
+            second.shutdown()
+    assert dropped_while_second_runs == 0  # the second's alerts still go
+    assert notifier.counts.dropped == 1  # its stop flushed and dropped
