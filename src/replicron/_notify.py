@@ -367,7 +367,8 @@ class Courier:
     def _attempt(self, delivery: Delivery) -> None:
         try:
             self._send(delivery)
-        except Exception as exc:
+        # A function's SystemExit too: it would end this thread, and every delivery, silently.
+        except BaseException as exc:
             reason = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
             final = isinstance(exc, PermanentFailure) or delivery.attempt >= self._attempts
             with self._cond:

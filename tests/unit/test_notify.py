@@ -132,6 +132,22 @@ def test_the_function_form_gets_the_same_dict_filtered_by_job_and_fields() -> No
     ]
 
 
+def test_a_function_raising_system_exit_does_not_end_the_deliveries() -> None:
+    calls: list[str] = []
+
+    def pager(payload: dict[str, Any]) -> None:
+        calls.append(payload["job"])
+        if len(calls) == 1:
+            raise SystemExit(2)  # on a thread that only ends the thread, silently
+
+    notifier = Notifier(call=pager, backoff=0.01)
+    notifier.after_failure(failed_event("first"))
+    notifier.after_failure(failed_event("second"))
+    assert notifier.flush(10)
+    assert sorted(calls) == ["first", "first", "second"]
+    assert (notifier.counts.sent, notifier.counts.retried) == (2, 1)
+
+
 def test_tags_pick_the_jobs_alerted_on() -> None:
     calls: list[dict[str, Any]] = []
     clock = FakeClock(START)
