@@ -26,10 +26,11 @@ Who sends what, once:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -237,10 +238,13 @@ class Notifier(Listener):
                 "notifier.attach(scheduler)", extra={"event": "notify_unattached"},
             )  # fmt: skip
 
-    def on_stopped(self, replica_id: str) -> None:
+    def on_stopped(self, replica_id: str) -> Awaitable[None] | None:
         self._running.discard(replica_id)
-        if not self._running:  # another scheduler it serves still runs: its alerts go on
-            self.close()
+        if self._running:  # another scheduler it serves still runs: its alerts go on
+            return None
+        # Awaited by the stop, off the loop: the flush waits on the network for up to
+        # flush_timeout, and the loop may be an application's.
+        return asyncio.to_thread(self.close)
 
     def before_run(self, event: RunEvent) -> None:
         self._ping(event, "start")

@@ -300,6 +300,39 @@ def test_a_redirect_is_not_followed_so_credentials_stay_with_the_endpoint(
     assert "redirect" in caplog.text
 
 
+def test_a_stop_waits_for_the_flush_without_holding_the_event_loop() -> None:
+    async def main(url: str) -> tuple[float, float]:
+        notifier = Notifier(url, timeout=30, flush_timeout=2)
+        s = AsyncScheduler(clock=FakeClock(START), replica_id="r1")
+        notifier.attach(s)
+        await s.start()
+        for job in ("held", "a", "b"):
+            notifier.after_failure(failed_event(job))
+        stalls: list[float] = []
+        stopped = asyncio.Event()
+
+        async def beat() -> None:  # what else the application runs on its loop
+            last = time.monotonic()
+            while not stopped.is_set():
+                await asyncio.sleep(0.01)
+                stalls.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        beating = asyncio.create_task(beat())
+        began = time.monotonic()
+        await s.shutdown()
+        stopping = time.monotonic() - began
+        stopped.set()
+        await beating
+        return stopping, max(stalls)
+
+    with receiving() as receiver:
+        receiver.hang.set()
+        stopping, longest_stall = asyncio.run(main(receiver.url()))
+    assert stopping >= 1.5, stopping  # the stop still gave the queue its flush_timeout
+    assert longest_stall < 1, longest_stall  # held, it stalled for all of it (2 s)
+
+
 def test_a_full_queue_drops_its_oldest_message_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
