@@ -10,14 +10,17 @@ URLs carry secrets (a Slack webhook's path, a healthchecks UUID, ``user:pass@``,
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import itertools
 import logging
 import math
 import random
+import re
 import string
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ __all__ = [
     "check_names",
     "check_number",
     "check_url",
+    "describe_call",
     "mask_url",
     "ping_url",
     "scrub",
@@ -61,11 +65,26 @@ def mask_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{rest}" if host else MASK
 
 
+_URL_IN_TEXT = re.compile(r"\bhttps?://[^\s'\"<>]+", re.IGNORECASE)
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (and every URL's secret parts) replaced by ``***``."""
+    """``text`` with every secret (and every URL's secret parts) replaced by ``***``, and
+    any other URL in it masked: an HTTP client called by a ``call=`` function quotes the
+    URL it was given, which this notifier never saw."""
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, MASK)
-    return text
+    return _URL_IN_TEXT.sub(lambda found: mask_url(found[0]), text)
+
+
+def describe_call(call: object) -> str:
+    """A ``call=`` function as logs and errors name it: by its name, never by its ``repr``,
+    which for a ``functools.partial`` shows its arguments (the webhook URL, say)."""
+    while isinstance(call, functools.partial):
+        call = call.func
+    if isinstance(call, types.FunctionType | types.BuiltinFunctionType | types.MethodType):
+        return f"function {call.__qualname__}"
+    return f"a {type(call).__qualname__}"
 
 
 def secrets_of(url: str) -> list[str]:

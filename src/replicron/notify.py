@@ -45,6 +45,7 @@ from ._notify import (
     check_names,
     check_number,
     check_url,
+    describe_call,
     mask_url,
     ping_url,
     secrets_of,
@@ -128,7 +129,7 @@ class Notifier(Listener):
         if call is not None and (not callable(call) or inspect.iscoroutinefunction(call)):
             raise InvalidNotifierError(
                 f"notifier call: must be a plain function (it runs on the notifier's thread), "
-                f"not {call!r}"
+                f"not {describe_call(call)}"
             )
         self._call = call
         self._events = check_names(events, "notifier events", EVENTS)
@@ -347,8 +348,14 @@ class Notifier(Listener):
         payload = {name: value for name, value in payload.items() if name in self._fields}
         label = f"alert {payload.get('event', '')} of job {payload.get('job', '')!r}"
         if self._call is not None:
-            self._courier.put(Delivery(label=f"{label} to {self._call!r}", call=self._call,
-                                       payload=payload, context=context))  # fmt: skip
+            self._courier.put(
+                Delivery(
+                    label=f"{label} to {describe_call(self._call)}",
+                    call=self._call,
+                    payload=payload,
+                    context=context,
+                )
+            )
         elif self._url is not None:
             self._courier.put(
                 Delivery(

@@ -5,6 +5,7 @@ and overdue alerts from a real (embedded) backend's registry."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -400,6 +401,27 @@ def test_no_secret_of_a_url_or_header_shows_in_logs_errors_or_repr(
         f"Notifier(http://127.0.0.1:{receiver.port}/***, events=['abandoned', 'failed', "
         "'overdue', 'timed_out'], pings=['etl'], headers=['Authorization'])"
     )
+
+
+def test_a_function_is_named_without_its_arguments_and_urls_in_its_errors_are_masked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "replicron.notify")
+    webhook = "https://hooks.slack.com/services/T0/B0/PARTIALSECRET"
+
+    def post(url: str, payload: dict[str, Any]) -> None:
+        # As HTTP clients word it (httpx): the URL, whole, in the exception's text.
+        raise ConnectionError(f"Server error '503 Service Unavailable' for url '{url}'")
+
+    notifier = Notifier(call=functools.partial(post, webhook), attempts=2, backoff=0.01)
+    notifier.after_failure(failed_event())
+    assert notifier.flush(10)
+    with pytest.raises(InvalidNotifierError) as bad:
+        Notifier(call=webhook)  # type: ignore[arg-type]  # a URL given as the function
+    shown = caplog.text + str(bad.value) + repr(notifier)
+    assert "PARTIALSECRET" not in shown
+    assert "to function test_a_function_is_named" in caplog.text
+    assert "for url 'https://hooks.slack.com/***'" in caplog.text
 
 
 def test_basic_auth_in_the_url_is_sent_as_a_header() -> None:
