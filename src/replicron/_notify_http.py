@@ -60,6 +60,7 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
+        self._timer.name = "replicron-notifier-timeout"
 
     def watch(self, sock: socket.socket) -> None:
         with self._lock:
