@@ -1,6 +1,6 @@
 """A notifier's settings, checked; and the delivery of its messages: a bounded queue
-drained by one background thread, with retries, so that no run and no scheduler loop ever
-waits for an endpoint.
+drained by a background thread per destination, with retries, so that no run and no
+scheduler loop ever waits for an endpoint.
 
 URLs carry secrets (a Slack webhook's path, a healthchecks UUID, ``user:pass@``,
 ``?token=``), so nothing here logs or raises a URL or header value as given: only
@@ -187,6 +187,11 @@ def check_link(template: object) -> str | None:
     return template
 
 
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port}".lower()
+
+
 def ping_url(base: str, suffix: str) -> str:
     """``base`` with ``/suffix`` added to its path (healthchecks.io's ``/start``, ``/fail``)."""
     if not suffix:
@@ -259,6 +264,11 @@ class _Waiting:
         self._seqs.discard(delivery.seq)
         return delivery
 
+    def oldest_seq(self) -> int | None:
+        while self._by_age and self._by_age[0][0] not in self._seqs:
+            heapq.heappop(self._by_age)
+        return self._by_age[0][0] if self._by_age else None
+
     def drop_oldest(self) -> Delivery:
         while True:
             seq, delivery = heapq.heappop(self._by_age)
@@ -273,7 +283,11 @@ class _Waiting:
 
 
 class Courier:
-    """Sends deliveries on its own thread; :meth:`put` never blocks on the network."""
+    """Sends deliveries on background threads; :meth:`put` never blocks on the network.
+
+    Each destination (an origin: scheme, host and port; or the ``call=`` function) has its
+    own queue and thread, so that a ping service that stopped answering does not hold the
+    alerts to a chat webhook up behind its timeouts. The queues share ``max_queue``."""
 
     def __init__(
         self,
@@ -293,11 +307,10 @@ class Courier:
         self._backoff, self._max_backoff = backoff, max_backoff
         self._max_queue = max_queue
         self._secrets = list(secrets)
-        self._queue = _Waiting()
+        self._queues: dict[str, _Waiting] = {}  # by destination, each with its thread
         self._seq = itertools.count()
         self._busy = 0
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
         self.counts = NotificationCounts()
 
     def add_secrets(self, secrets: Iterable[str]) -> None:
@@ -311,12 +324,15 @@ class Courier:
             delivery.seq = next(self._seq)
             delivery.due = time.monotonic()
             dropped = self._make_room()
-            self._queue.push(delivery)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name="replicron-notifier", daemon=True
-                )
-                self._thread.start()
+            destination = "call" if delivery.url is None else _origin(delivery.url)
+            queue = self._queues.get(destination)
+            if queue is None:  # no thread serves it: start one
+                queue = self._queues[destination] = _Waiting()
+                threading.Thread(
+                    target=self._work, args=(destination, queue), name="replicron-notifier",
+                    daemon=True,
+                ).start()  # fmt: skip
+            queue.push(delivery)
             self._cond.notify_all()
         if dropped is not None:
             self._logger.warning(
@@ -325,9 +341,10 @@ class Courier:
             )  # fmt: skip
 
     def _make_room(self) -> Delivery | None:
-        if len(self._queue) < self._max_queue:
+        if sum(map(len, self._queues.values())) < self._max_queue:
             return None
-        oldest = self._queue.drop_oldest()
+        ages = [(q.oldest_seq(), q) for q in self._queues.values() if q]
+        oldest = min(ages, key=lambda age: age[0] or 0)[1].drop_oldest()
         self.counts.dropped += 1
         return oldest
 
@@ -336,7 +353,7 @@ class Courier:
         up (retries included); whether the queue emptied."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._busy or any(self._queues.values()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -349,7 +366,7 @@ class Courier:
         if self.flush(timeout):
             return
         with self._cond:
-            left = self._queue.clear()
+            left = sum(queue.clear() for queue in self._queues.values())
             self.counts.dropped += left
             self._cond.notify_all()
         if left:
@@ -358,32 +375,32 @@ class Courier:
                 left, timeout, extra={"event": "notify_dropped"},
             )  # fmt: skip
 
-    def _work(self) -> None:
+    def _work(self, destination: str, queue: _Waiting) -> None:
         while True:
             with self._cond:
-                delivery = self._next()
+                delivery = self._next(queue)
                 if delivery is None:
-                    self._thread = None  # under the lock: put() starts another
+                    del self._queues[destination]  # under the lock: put() starts another
                     return
                 self._busy += 1
             try:
-                self._attempt(delivery)
+                self._attempt(delivery, queue)
             finally:
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()
 
-    def _next(self) -> Delivery | None:
-        """The first due delivery, waiting for it; ``None`` when nothing is queued (lock
-        held)."""
-        while (first := self._queue.first_due()) is not None:
+    def _next(self, queue: _Waiting) -> Delivery | None:
+        """The first due delivery of ``queue``, waiting for it; ``None`` when it is empty
+        (lock held)."""
+        while (first := queue.first_due()) is not None:
             wait = first.due - time.monotonic()
             if wait <= 0:
-                return self._queue.take_first_due()
+                return queue.take_first_due()
             self._cond.wait(wait)
         return None
 
-    def _attempt(self, delivery: Delivery) -> None:
+    def _attempt(self, delivery: Delivery, queue: _Waiting) -> None:
         try:
             self._send(delivery)
         # A function's SystemExit too: it would end this thread, and every delivery, silently.
@@ -399,7 +416,7 @@ class Courier:
                     delivery.attempt += 1
                     # Jitter, so that replicas retrying one endpoint do not come back together.
                     delivery.due = time.monotonic() + delay * random.uniform(0.5, 1.0)
-                    self._queue.push(delivery)
+                    queue.push(delivery)
             if final:
                 self._logger.warning(
                     "notification %s not delivered after %d attempts: %s",

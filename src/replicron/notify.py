@@ -8,8 +8,8 @@ overdue, and ping a dead-man's switch per job, without ever delaying a run.
     notifier.attach(scheduler)
 
 A :class:`Notifier` is a :class:`~replicron.Listener`: its hooks only queue a message, and
-one background thread delivers it (HTTP POST of JSON, or a call of your function), with
-retries. ``attach`` adds it to a scheduler and, on a backend with a cluster registry
+a background thread per destination delivers it (HTTP POST of JSON, or a call of your
+function), with retries. ``attach`` adds it to a scheduler and, on a backend with a cluster registry
 (PostgreSQL, embedded), also watches the cluster for overdue jobs; given in ``listeners=``
 instead, it sends run alerts and pings only.
 

@@ -1,12 +1,15 @@
 """The notifier against misbehaving endpoints and uses that strain it: an answer one byte at
 a time, a redirect, a burst into a full queue, a stop with the endpoint hung, a function that
-raises SystemExit or quotes its URL, one notifier shared by two schedulers."""
+raises SystemExit or quotes its URL, one notifier shared by two schedulers, a silent ping
+endpoint next to a working alert endpoint."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,3 +191,23 @@ def test_a_shared_notifier_stops_with_the_last_of_its_schedulers() -> None:
             second.shutdown()
     assert dropped_while_second_runs == 0  # the second's alerts still go
     assert notifier.counts.dropped == 1  # its stop flushed and dropped
+
+
+def test_a_silent_ping_endpoint_does_not_hold_the_alerts_up() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    silent = f"http://127.0.0.1:{listener.getsockname()[1]}/0f1e-uuid"
+    try:
+        with receiving() as receiver:
+            notifier = Notifier(receiver.url(), pings={"etl": silent}, timeout=20, attempts=1)
+            for _ in range(3):
+                notifier.before_run(failed_event("etl"))  # each would wait out its 20 s
+            notifier.after_failure(failed_event("other"))
+            [alert] = receiver.wait_for(1, timeout=10)
+            notifier.close(0)
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert alert.json()["job"] == "other"
