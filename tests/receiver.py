@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,12 +25,14 @@ class Received:
 
 
 class Receiver:
-    """Answers each request with the next of ``statuses`` (then 200); while ``hang`` is set,
-    holds every request until it is cleared or the server closes."""
+    """Answers each request with the next of ``statuses`` (then 200, or a redirect to
+    ``location`` when that is a 3xx); while ``hang`` is set, holds every request until it is
+    cleared or the server closes."""
 
     def __init__(self) -> None:
         self.received: list[Received] = []
         self.statuses: list[int] = []
+        self.location = ""
         self.hang = threading.Event()
         self._released = threading.Event()
         self._cond = threading.Condition()
@@ -48,6 +51,8 @@ class Receiver:
                 while receiver.hang.is_set() and not receiver._released.wait(0.05):
                     pass
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", receiver.location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -92,3 +97,38 @@ def receiving() -> Iterator[Receiver]:
         yield receiver
     finally:
         receiver.close()
+
+
+@contextmanager
+def dripping(seconds_per_byte: float = 0.05) -> Iterator[str]:
+    """The URL of an endpoint that answers every request one byte at a time, for ever: each
+    read gets a byte well within any timeout, and the answer never ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def drip(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            answer = b"HTTP/1.1 200 OK\r\nX-Padding: "
+            try:
+                for byte in answer:
+                    conn.sendall(bytes([byte]))
+                while not closed.wait(seconds_per_byte):
+                    conn.sendall(b"x")
+            except OSError:
+                pass
+
+    def accept() -> None:
+        while not closed.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    finally:
+        closed.set()
+        listener.close()

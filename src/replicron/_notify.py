@@ -1,6 +1,6 @@
 """A notifier's settings, checked; and the delivery of its messages: a bounded queue
-drained by one background thread, with retries, so that no run and no scheduler loop ever
-waits for an endpoint.
+drained by a background thread per destination, with retries, so that no run and no
+scheduler loop ever waits for an endpoint.
 
 URLs carry secrets (a Slack webhook's path, a healthchecks UUID, ``user:pass@``,
 ``?token=``), so nothing here logs or raises a URL or header value as given: only
@@ -10,21 +10,23 @@ URLs carry secrets (a Slack webhook's path, a healthchecks UUID, ``user:pass@``,
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import itertools
 import logging
 import math
 import random
+import re
 import string
 import threading
 import time
-import urllib.error
-import urllib.request
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from ._notify_http import PermanentFailure, post
 from .errors import InvalidNotifierError
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "check_names",
     "check_number",
     "check_url",
+    "describe_call",
     "mask_url",
     "ping_url",
     "scrub",
@@ -45,8 +48,6 @@ __all__ = [
 
 #: Shown in place of a secret.
 MASK = "***"
-#: A response this long is read no further: only its status counts.
-_READ_AT_MOST = 64 * 1024
 
 
 def mask_url(url: str) -> str:
@@ -64,11 +65,26 @@ def mask_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{rest}" if host else MASK
 
 
+_URL_IN_TEXT = re.compile(r"\bhttps?://[^\s'\"<>]+", re.IGNORECASE)
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret (and every URL's secret parts) replaced by ``***``."""
+    """``text`` with every secret (and every URL's secret parts) replaced by ``***``, and
+    any other URL in it masked: an HTTP client called by a ``call=`` function quotes the
+    URL it was given, which this notifier never saw."""
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, MASK)
-    return text
+    return _URL_IN_TEXT.sub(lambda found: mask_url(found[0]), text)
+
+
+def describe_call(call: object) -> str:
+    """A ``call=`` function as logs and errors name it: by its name, never by its ``repr``,
+    which for a ``functools.partial`` shows its arguments (the webhook URL, say)."""
+    while isinstance(call, functools.partial):
+        call = call.func
+    if isinstance(call, types.FunctionType | types.BuiltinFunctionType | types.MethodType):
+        return f"function {call.__qualname__}"
+    return f"a {type(call).__qualname__}"
 
 
 def secrets_of(url: str) -> list[str]:
@@ -171,16 +187,17 @@ def check_link(template: object) -> str | None:
     return template
 
 
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port}".lower()
+
+
 def ping_url(base: str, suffix: str) -> str:
     """``base`` with ``/suffix`` added to its path (healthchecks.io's ``/start``, ``/fail``)."""
     if not suffix:
         return base
     parts = urlsplit(base)
     return urlunsplit(parts._replace(path=parts.path.rstrip("/") + "/" + suffix))
-
-
-class PermanentFailure(Exception):
-    """An answer no retry will change (a 4xx other than 408 and 429)."""
 
 
 @dataclass(order=True)
@@ -215,8 +232,62 @@ class NotificationCounts:
     retried: int = 0
 
 
+class _Waiting:
+    """The deliveries waiting: taken by due time, dropped oldest first, each in O(log n) (the
+    hooks that queue run on the scheduler's loop). One taken or dropped leaves a stale entry
+    in the other heap, skipped when met and swept out once stale entries abound."""
+
+    def __init__(self) -> None:
+        self._by_due: list[Delivery] = []
+        self._by_age: list[tuple[int, Delivery]] = []
+        self._seqs: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def push(self, delivery: Delivery) -> None:
+        self._seqs.add(delivery.seq)
+        heapq.heappush(self._by_due, delivery)
+        heapq.heappush(self._by_age, (delivery.seq, delivery))
+        if len(self._by_due) + len(self._by_age) > 4 * len(self._seqs) + 64:
+            self._by_due = [d for d in self._by_due if d.seq in self._seqs]
+            heapq.heapify(self._by_due)
+            self._by_age = sorted({s: (s, d) for s, d in self._by_age if s in self._seqs}.values())
+
+    def first_due(self) -> Delivery | None:
+        while self._by_due and self._by_due[0].seq not in self._seqs:
+            heapq.heappop(self._by_due)
+        return self._by_due[0] if self._by_due else None
+
+    def take_first_due(self) -> Delivery:
+        delivery = heapq.heappop(self._by_due)
+        self._seqs.discard(delivery.seq)
+        return delivery
+
+    def oldest_seq(self) -> int | None:
+        while self._by_age and self._by_age[0][0] not in self._seqs:
+            heapq.heappop(self._by_age)
+        return self._by_age[0][0] if self._by_age else None
+
+    def drop_oldest(self) -> Delivery:
+        while True:
+            seq, delivery = heapq.heappop(self._by_age)
+            if seq in self._seqs:
+                self._seqs.discard(seq)
+                return delivery
+
+    def clear(self) -> int:
+        left = len(self._seqs)
+        self._by_due, self._by_age, self._seqs = [], [], set()
+        return left
+
+
 class Courier:
-    """Sends deliveries on its own thread; :meth:`put` never blocks on the network."""
+    """Sends deliveries on background threads; :meth:`put` never blocks on the network.
+
+    Each destination (an origin: scheme, host and port; or the ``call=`` function) has its
+    own queue and thread, so that a ping service that stopped answering does not hold the
+    alerts to a chat webhook up behind its timeouts. The queues share ``max_queue``."""
 
     def __init__(
         self,
@@ -236,11 +307,10 @@ class Courier:
         self._backoff, self._max_backoff = backoff, max_backoff
         self._max_queue = max_queue
         self._secrets = list(secrets)
-        self._queue: list[Delivery] = []  # a heap by (due, seq)
+        self._queues: dict[str, _Waiting] = {}  # by destination, each with its thread
         self._seq = itertools.count()
         self._busy = 0
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
         self.counts = NotificationCounts()
 
     def add_secrets(self, secrets: Iterable[str]) -> None:
@@ -254,12 +324,15 @@ class Courier:
             delivery.seq = next(self._seq)
             delivery.due = time.monotonic()
             dropped = self._make_room()
-            heapq.heappush(self._queue, delivery)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name="replicron-notifier", daemon=True
-                )
-                self._thread.start()
+            destination = "call" if delivery.url is None else _origin(delivery.url)
+            queue = self._queues.get(destination)
+            if queue is None:  # no thread serves it: start one
+                queue = self._queues[destination] = _Waiting()
+                threading.Thread(
+                    target=self._work, args=(destination, queue), name="replicron-notifier",
+                    daemon=True,
+                ).start()  # fmt: skip
+            queue.push(delivery)
             self._cond.notify_all()
         if dropped is not None:
             self._logger.warning(
@@ -268,11 +341,10 @@ class Courier:
             )  # fmt: skip
 
     def _make_room(self) -> Delivery | None:
-        if len(self._queue) < self._max_queue:
+        if sum(map(len, self._queues.values())) < self._max_queue:
             return None
-        oldest = min(self._queue, key=lambda d: d.seq)
-        self._queue.remove(oldest)
-        heapq.heapify(self._queue)
+        ages = [(q.oldest_seq(), q) for q in self._queues.values() if q]
+        oldest = min(ages, key=lambda age: age[0] or 0)[1].drop_oldest()
         self.counts.dropped += 1
         return oldest
 
@@ -281,7 +353,7 @@ class Courier:
         up (retries included); whether the queue emptied."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._busy or any(self._queues.values()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -294,8 +366,7 @@ class Courier:
         if self.flush(timeout):
             return
         with self._cond:
-            left = len(self._queue)
-            self._queue.clear()
+            left = sum(queue.clear() for queue in self._queues.values())
             self.counts.dropped += left
             self._cond.notify_all()
         if left:
@@ -304,35 +375,36 @@ class Courier:
                 left, timeout, extra={"event": "notify_dropped"},
             )  # fmt: skip
 
-    def _work(self) -> None:
+    def _work(self, destination: str, queue: _Waiting) -> None:
         while True:
             with self._cond:
-                delivery = self._next()
+                delivery = self._next(queue)
                 if delivery is None:
-                    self._thread = None  # under the lock: put() starts another
+                    del self._queues[destination]  # under the lock: put() starts another
                     return
                 self._busy += 1
             try:
-                self._attempt(delivery)
+                self._attempt(delivery, queue)
             finally:
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()
 
-    def _next(self) -> Delivery | None:
-        """The first due delivery, waiting for it; ``None`` when nothing is queued (lock
-        held)."""
-        while self._queue:
-            wait = self._queue[0].due - time.monotonic()
+    def _next(self, queue: _Waiting) -> Delivery | None:
+        """The first due delivery of ``queue``, waiting for it; ``None`` when it is empty
+        (lock held)."""
+        while (first := queue.first_due()) is not None:
+            wait = first.due - time.monotonic()
             if wait <= 0:
-                return heapq.heappop(self._queue)
+                return queue.take_first_due()
             self._cond.wait(wait)
         return None
 
-    def _attempt(self, delivery: Delivery) -> None:
+    def _attempt(self, delivery: Delivery, queue: _Waiting) -> None:
         try:
             self._send(delivery)
-        except Exception as exc:
+        # A function's SystemExit too: it would end this thread, and every delivery, silently.
+        except BaseException as exc:
             reason = scrub(f"{type(exc).__name__}: {exc}", self._secrets)
             final = isinstance(exc, PermanentFailure) or delivery.attempt >= self._attempts
             with self._cond:
@@ -344,7 +416,7 @@ class Courier:
                     delivery.attempt += 1
                     # Jitter, so that replicas retrying one endpoint do not come back together.
                     delivery.due = time.monotonic() + delay * random.uniform(0.5, 1.0)
-                    heapq.heappush(self._queue, delivery)
+                    queue.push(delivery)
             if final:
                 self._logger.warning(
                     "notification %s not delivered after %d attempts: %s",
@@ -374,13 +446,4 @@ class Courier:
             headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
             url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         headers.update(self._headers)
-        request = urllib.request.Request(url, data=delivery.body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                response.read(_READ_AT_MOST)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            # A refused request (bad token, gone webhook) stays refused: no retries.
-            if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                raise PermanentFailure(f"HTTP {exc.code} {exc.reason}") from None
-            raise OSError(f"HTTP {exc.code} {exc.reason}") from None
+        post(url, delivery.body, headers, self._timeout)

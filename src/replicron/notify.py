@@ -8,8 +8,8 @@ overdue, and ping a dead-man's switch per job, without ever delaying a run.
     notifier.attach(scheduler)
 
 A :class:`Notifier` is a :class:`~replicron.Listener`: its hooks only queue a message, and
-one background thread delivers it (HTTP POST of JSON, or a call of your function), with
-retries. ``attach`` adds it to a scheduler and, on a backend with a cluster registry
+a background thread per destination delivers it (HTTP POST of JSON, or a call of your
+function), with retries. ``attach`` adds it to a scheduler and, on a backend with a cluster registry
 (PostgreSQL, embedded), also watches the cluster for overdue jobs; given in ``listeners=``
 instead, it sends run alerts and pings only.
 
@@ -26,10 +26,11 @@ Who sends what, once:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from ._notify import (
     check_names,
     check_number,
     check_url,
+    describe_call,
     mask_url,
     ping_url,
     secrets_of,
@@ -127,7 +129,7 @@ class Notifier(Listener):
         if call is not None and (not callable(call) or inspect.iscoroutinefunction(call)):
             raise InvalidNotifierError(
                 f"notifier call: must be a plain function (it runs on the notifier's thread), "
-                f"not {call!r}"
+                f"not {describe_call(call)}"
             )
         self._call = call
         self._events = check_names(events, "notifier events", EVENTS)
@@ -161,10 +163,11 @@ class Notifier(Listener):
         self._pings: dict[str, str] = {}
         for job, ping in (pings or {}).items():
             self.set_ping(job, ping)
-        self._replica_id = ""
-        self._scheduler: Scheduler | AsyncScheduler | None = None
-        self._unwatch: Callable[[], None] | None = None
-        self._overdue_sent: set[tuple[str, datetime]] = set()
+        # A notifier may serve several schedulers: it stops with the last of them, and each
+        # decides overdue alerts as its own replica.
+        self._schedulers: list[Scheduler | AsyncScheduler] = []
+        self._running: set[str] = set()
+        self._overdue_sent: dict[str, set[tuple[str, datetime]]] = {}
 
     # ---- configuration ---------------------------------------------------------------
 
@@ -199,15 +202,20 @@ class Notifier(Listener):
         """Listen to ``scheduler``, know its jobs' tags, and (when overdue is among the
         events) watch its cluster; returns the function that detaches it."""
         scheduler.add_listener(self)
-        self._scheduler, self._replica_id = scheduler, scheduler.replica_id
+        self._schedulers.append(scheduler)
+        replica_id = scheduler.replica_id
+        unwatch: Callable[[], None] | None = None
         if "overdue" in self._events and (self._url is not None or self._call is not None):
-            self._unwatch = scheduler.watch_cluster(self._cluster_read, self._overdue_every)
+            unwatch = scheduler.watch_cluster(
+                lambda status: self._cluster_read(status, replica_id), self._overdue_every
+            )
 
         def detach() -> None:
             scheduler.remove_listener(self)
-            if self._unwatch is not None:
-                self._unwatch()
-                self._unwatch = None
+            if scheduler in self._schedulers:
+                self._schedulers.remove(scheduler)
+            if unwatch is not None:
+                unwatch()
 
         return detach
 
@@ -224,15 +232,20 @@ class Notifier(Listener):
     # ---- listener hooks: they queue, never wait -------------------------------------
 
     def on_started(self, replica_id: str) -> None:
-        self._replica_id = replica_id
-        if self._scheduler is None and (self._tags or "overdue" in self._events):
+        self._running.add(replica_id)
+        if not self._schedulers and (self._tags or "overdue" in self._events):
             _logger.info(
                 "notifier given as a listener: overdue alerts and tag filters need "
                 "notifier.attach(scheduler)", extra={"event": "notify_unattached"},
             )  # fmt: skip
 
-    def on_stopped(self, replica_id: str) -> None:
-        self.close()
+    def on_stopped(self, replica_id: str) -> Awaitable[None] | None:
+        self._running.discard(replica_id)
+        if self._running:  # another scheduler it serves still runs: its alerts go on
+            return None
+        # Awaited by the stop, off the loop: the flush waits on the network for up to
+        # flush_timeout, and the loop may be an application's.
+        return asyncio.to_thread(self.close)
 
     def before_run(self, event: RunEvent) -> None:
         self._ping(event, "start")
@@ -260,12 +273,13 @@ class Notifier(Listener):
             return True
         if job in self._jobs:
             return True
-        if not self._tags or self._scheduler is None:
-            return False
-        try:
-            return bool(self._scheduler.get_job(job).tags & self._tags)
-        except JobNotFoundError:
-            return False
+        for scheduler in self._schedulers if self._tags else ():
+            try:
+                if scheduler.get_job(job).tags & self._tags:
+                    return True
+            except JobNotFoundError:
+                continue
+        return False
 
     def _error_text(self, event: RunEvent) -> str | None:
         if event.error is not None:
@@ -290,7 +304,9 @@ class Notifier(Listener):
                 url=ping_url(base, suffix),
                 body=body,
                 content_type="text/plain; charset=utf-8",
-                context=self._context(event.job, event.scheduled_at.isoformat(), event.run_id),
+                context=_context(
+                    event.job, event.scheduled_at.isoformat(), event.replica_id, event.run_id
+                ),
             )
         )
 
@@ -321,7 +337,7 @@ class Notifier(Listener):
         )
 
     def _send(self, payload: dict[str, Any], text: str) -> None:
-        job, tick, run_id = payload["job"], payload["tick"], payload["run_id"]
+        context = _context(payload["job"], payload["tick"], payload["replica"], payload["run_id"])
         if self._link is not None:
             values = {name: quote(str(payload.get(name) or ""), safe="") for name in LINK_FIELDS}
             payload["link"] = self._link.format(**values)
@@ -331,10 +347,15 @@ class Notifier(Listener):
         payload["text"] = text
         payload = {name: value for name, value in payload.items() if name in self._fields}
         label = f"alert {payload.get('event', '')} of job {payload.get('job', '')!r}"
-        context = self._context(job, tick, run_id)
         if self._call is not None:
-            self._courier.put(Delivery(label=f"{label} to {self._call!r}", call=self._call,
-                                       payload=payload, context=context))  # fmt: skip
+            self._courier.put(
+                Delivery(
+                    label=f"{label} to {describe_call(self._call)}",
+                    call=self._call,
+                    payload=payload,
+                    context=context,
+                )
+            )
         elif self._url is not None:
             self._courier.put(
                 Delivery(
@@ -345,24 +366,22 @@ class Notifier(Listener):
                 )
             )
 
-    def _context(self, job: str, tick: str, run_id: int | None) -> dict[str, object]:
-        return {"job": job, "tick": tick, "replica": self._replica_id, "run_id": run_id}
-
     # ---- overdue ------------------------------------------------------------------------
 
-    def _cluster_read(self, status: ClusterStatus | None) -> None:
-        """``watch_cluster``'s callback, on the scheduler's loop."""
+    def _cluster_read(self, status: ClusterStatus | None, replica_id: str) -> None:
+        """``watch_cluster``'s callback, on the loop of the scheduler of ``replica_id``."""
         if status is None:
             return
+        sent = self._overdue_sent.setdefault(replica_id, set())
         overdue_now: set[tuple[str, datetime]] = set()
         for view in status.jobs:
             if view.overdue_since is None or not self._wanted(view.job):
                 continue
             key = (view.job, view.overdue_since)
             overdue_now.add(key)
-            if key in self._overdue_sent or self._sender(status, view) != self._replica_id:
+            if key in sent or self._sender(status, view) != replica_id:
                 continue
-            self._overdue_sent.add(key)
+            sent.add(key)
             problem = next(
                 (p for p in status.job_problems(view) if p.kind is ProblemKind.OVERDUE), None
             )
@@ -373,7 +392,7 @@ class Notifier(Listener):
                 "tick": view.overdue_since.isoformat(),
                 "outcome": None,
                 "error": None,
-                "replica": self._replica_id,
+                "replica": replica_id,
                 "run_id": None,
                 "duration": None,
                 "namespace": status.namespace,
@@ -381,9 +400,13 @@ class Notifier(Listener):
             }
             self._send(payload, f"replicron: job {view.job!r} {detail}")
         # A job that ran again and went overdue later is a new alert.
-        self._overdue_sent &= overdue_now
+        sent &= overdue_now
 
     @staticmethod
     def _sender(status: ClusterStatus, view: JobView) -> str | None:
         candidates = view.scheduled_by or [r.replica_id for r in status.replicas if r.alive]
         return min(candidates, default=None)
+
+
+def _context(job: str, tick: str, replica: str, run_id: int | None) -> dict[str, object]:
+    return {"job": job, "tick": tick, "replica": replica, "run_id": run_id}

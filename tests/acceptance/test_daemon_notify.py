@@ -4,12 +4,14 @@ the job's pings."""
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests._harness.daemons import Daemons, config_text, toml
-from tests.receiver import Receiver, receiving
+from tests.receiver import Receiver, dripping, receiving
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -51,3 +53,45 @@ def test_a_failing_command_job_posts_one_alert_and_pings_start_then_fail(
     assert body["text"].startswith("replicron: job 'broken' failed (tick ")
     assert token not in daemon.log()
     assert "0f1e-uuid" not in daemon.log()
+
+
+def test_hung_endpoints_delay_no_run_a_reload_or_the_stop(
+    daemons: Daemons, receiver: Receiver
+) -> None:
+    hook, uuid = "hook-SECRET-token", "c0ffee-uuid-SECRET"
+    receiver.hang.set()  # the first alert is held there for ever
+    settings = {
+        "state_dir": str(daemons.workdir / "state"),
+        "replica_id": "d1",
+        "stop_timeout": "2s",
+    }
+    with dripping() as drip_url, receiving() as second:
+        job = {
+            "name": "broken",
+            "every": "1s",
+            "command": ["sh", "-c", "exit 3"],
+            "ping_url": f"{drip_url}/{uuid}",
+        }
+
+        def config(url: str) -> str:
+            notify = {"url": url, "timeout": "2s", "flush_timeout": "1s", "backoff": "100ms"}
+            text = config_text(settings, [job])
+            return text + "\n[notify]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in notify.items())
+
+        daemon = daemons.start("d1", config(receiver.url(f"/services/{hook}")))
+        daemon.wait_log("started replica d1 with 1 jobs", 30)
+        receiver.wait_for(1, 30)
+        began, runs = time.monotonic(), len(daemon.lines("run failed"))
+        daemon.wait_log("run failed", 60, count=runs + 5)  # runs go on, once a second
+        five_runs = time.monotonic() - began
+        daemons.write_config("d1", config(second.url(f"/services/{hook}")))
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_log("reloaded: 1 jobs", 30)
+        assert second.wait_for(1, 30)[0].json()["job"] == "broken"
+        code, stopping = daemon.stop(60)
+    assert code == 0, daemon.log()
+    assert five_runs < 30, five_runs
+    # stop_timeout 2 s + flush_timeout 1 s, on a loaded machine
+    assert stopping < 15, stopping
+    assert hook not in daemon.log()
+    assert uuid not in daemon.log()

@@ -36,6 +36,7 @@ max_queue = 50
 name = "nightly"
 cron = "0 3 * * *"
 command = ["true"]
+tags = ["critical"]
 ping_url = "https://hc-ping.com/${PING_UUID}"
 """
 ENV = {"HOOK_TOKEN": "XXXXSECRET", "API_TOKEN": "tok-123456", "PING_UUID": "0f1e-uuid-2d3c"}
@@ -151,3 +152,21 @@ def test_a_reload_that_changes_the_alerts_replaces_the_notifier_and_its_metrics(
     assert paths == ["/ping/fail", "/ping/start", "/two"]
     sent = registry.get_sample_value("replicron_notifications_total", {"result": "sent"})
     assert sent == 3  # the new notifier's: the old one's series went with it
+
+
+def test_notify_jobs_and_tags_name_jobs_of_the_config() -> None:
+    text = GOOD.replace(
+        'tags = "critical"', 'jobs = ["nightly", "nigthly-report"]\ntags = "critcal"'
+    )
+    text += '\n[[job]]\nname = "nightly-report"\nevery = "1h"\ncommand = ["true"]\n'
+    text += 'tags = ["critical"]\n'
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text, "jobs.toml", ENV)
+    # A name misspelt there would silence the job's alerts for good.
+    assert raised.value.problems == [
+        "jobs.toml: [notify]: jobs: no job is named 'nigthly-report' (did you mean "
+        "'nightly-report'?)",
+        "jobs.toml: [notify]: tags: no job has the tag 'critcal' (did you mean 'critical'?)",
+    ]
+    fixed = text.replace("nigthly-report", "nightly-report").replace("critcal", "critical")
+    assert parse_config(fixed, "jobs.toml", ENV).notify is not None

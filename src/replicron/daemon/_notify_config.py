@@ -22,6 +22,7 @@ __all__ = [
     "NOTIFY_KEYS",
     "Alerts",
     "NotifyConfig",
+    "check_alerted_jobs",
     "make_notifier",
     "read_notify",
     "read_ping_url",
@@ -55,9 +56,7 @@ def read_notify(
     settings: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in NOTIFY_KEYS:
-            close = difflib.get_close_matches(key, NOTIFY_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append(f"{where}: unknown setting {key!r}{hint}")
+            problems.append(f"{where}: unknown setting {key!r}{_hint(key, NOTIFY_KEYS)}")
             continue
         try:
             settings[key] = _value(key, expanded(value))
@@ -73,6 +72,31 @@ def read_notify(
         problems.append(f"{where}: {str(exc).removeprefix('notifier ')}")
         return None
     return NotifyConfig(settings)
+
+
+def check_alerted_jobs(
+    notify: NotifyConfig | None,
+    jobs: Mapping[str, Sequence[str]],
+    where: str,
+    problems: list[str],
+) -> None:
+    """Add a problem for each of ``[notify]``'s ``jobs`` that is no job's name and each of its
+    ``tags`` that no job has (``jobs``: each job's name and tags): misspelt, it would
+    silence the alerts it was meant to select."""
+    if notify is None:
+        return
+    tags = sorted({tag for job_tags in jobs.values() for tag in job_tags})
+    for name in notify.settings.get("jobs", ()):
+        if name not in jobs:
+            problems.append(f"{where}: jobs: no job is named {name!r}{_hint(name, list(jobs))}")
+    for tag in notify.settings.get("tags", ()):
+        if tag not in tags:
+            problems.append(f"{where}: tags: no job has the tag {tag!r}{_hint(tag, tags)}")
+
+
+def _hint(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def read_ping_url(value: object) -> str:

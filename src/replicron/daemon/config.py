@@ -16,7 +16,7 @@ from typing import Any
 from replicron.errors import ConfigurationError
 from replicron.keys import check_job_name
 
-from ._notify_config import NotifyConfig, read_notify, read_ping_url
+from ._notify_config import NotifyConfig, check_alerted_jobs, read_notify, read_ping_url
 from ._values import (
     ValueProblem,
     expand,
@@ -191,6 +191,9 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
             continue
         seen.add(job.name)
         jobs.append(job)
+    if not problems:  # a bad job table would make every name it lists look unknown
+        named = {job.name: job.tags for job in jobs}
+        check_alerted_jobs(notify, named, f"{path}: [notify]", problems)
     if problems:
         raise ConfigError(problems, DaemonConfig(path, scheduler, tuple(jobs), notify))
     return DaemonConfig(path, scheduler, tuple(jobs), notify)
