@@ -19,6 +19,7 @@ from replicron import (
     MemoryState,
     Outcome,
     Scheduler,
+    after,
     current_run,
     every,
 )
@@ -150,6 +151,43 @@ def test_a_job_never_recorded_is_caught_up_from_the_first_tick_left_to_the_leade
     settle(replicas)
     recorded = {r.scheduled_at: r.outcome for r in state.history("only_on_r1")}
     assert recorded == {T[1]: Outcome.MISSED, T[2]: Outcome.MISSED, T[3]: Outcome.MISSED}
+
+
+@pytest.mark.parametrize("ever_recorded", [True, False])
+def test_a_new_leader_goes_on_with_a_fixed_delay_chain_the_old_one_left(
+    clock: FakeClock, state: MemoryState, replicas: list[Scheduler], ever_recorded: bool
+) -> None:
+    """The standbys leave each fixed-delay tick to the leader; the leader goes before it
+    claims tick 4 (or the first tick): the one that takes over runs that tick, late, and
+    the chain goes on a delay after each finish."""
+    ran = Ran()
+    r0, r1, r2 = replicas
+    for replica in replicas:
+        replica.start()
+        replica.add_job(after(seconds=10), ran, name="chain")
+    stop_at = 4 if ever_recorded else 1
+    for k in range(1, stop_at):
+        clock.set(T[k])
+        settle(replicas)
+    r0.remove_job("chain")  # the leader no longer claims its ticks
+    clock.set(T[stop_at])
+    settle(replicas)
+    clock.set(T[stop_at] + timedelta(seconds=5))
+    r0.shutdown()
+    settle(replicas)
+    for k in range(stop_at + 1, stop_at + 4):
+        clock.set(T[k] + timedelta(seconds=5))
+        settle(replicas)
+    assert r1.is_leader
+    recorded = [(r.scheduled_at, r.outcome, r.replica_id) for r in state.history("chain")]
+    took_over = T[stop_at] + timedelta(seconds=5)
+    assert recorded == [(T[k], Outcome.SUCCEEDED, "r0") for k in range(1, stop_at)] + [
+        (T[stop_at], Outcome.SUCCEEDED, "r1"),  # left by the standbys, run late
+        (took_over + timedelta(seconds=10), Outcome.SUCCEEDED, "r1"),
+        (took_over + timedelta(seconds=20), Outcome.SUCCEEDED, "r1"),
+        (took_over + timedelta(seconds=30), Outcome.SUCCEEDED, "r1"),
+    ]
+    assert not r2.is_leader
 
 
 def test_without_leader_mode_nobody_contends(clock: FakeClock, state: MemoryState) -> None:
