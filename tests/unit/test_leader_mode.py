@@ -303,3 +303,32 @@ def test_a_replica_that_no_longer_leads_drops_the_leader_ticks_it_deferred() -> 
     decision = Decision(due=[Tick("led", T[2]), Tick("free", T[2])], missed=[Tick("led", T[1])])
     assert leadership.sift([], decision) == [Tick("free", T[2])]
     assert decision.missed == []
+
+
+def test_a_fixed_delay_tick_a_leader_deferred_is_retaken_when_it_leads_again() -> None:
+    """A leader deferred a fixed-delay tick for a free thread and lost the lease: the tick is
+    the next leader's. Leading again before the ledger has it, it plans that tick again
+    rather than wait for a finish that never comes."""
+    state = MemoryState()
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("chain", leader=True, trigger=after(seconds=10)))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    spreader = leadership.adopt(Spreader("r1"))
+    assert spreader is not None
+    leadership.job_changed("chain")
+    assert leadership.step([]) == (["chain"], {})
+    parts.clock.set(T[1])
+    [tick] = parts.registry.take_due(T[1])[0].due  # handed out: its next follows its finish
+    spreader.deferred["chain"] = tick
+    other = MemoryBackend(state)
+    asyncio.run(other.open("r2"))
+    other.contend(lambda: None)
+    asyncio.run(parts.backend.close())  # the lease goes to r2, which goes in turn
+    leadership.step([])
+    assert parts.registry.next_runs("chain", 1) == []
+    asyncio.run(parts.backend.open("r1"))
+    parts.backend.contend(lambda: None)
+    asyncio.run(other.close())
+    assert leadership.step([])[0] == ["chain"]
+    assert parts.registry.next_runs("chain", 1) == [T[1]]

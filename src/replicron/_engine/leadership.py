@@ -145,6 +145,7 @@ class Leadership:
             return
         for job in [job for job in spreader.deferred if self.led(job)]:
             self._left.setdefault(job, spreader.deferred.pop(job).scheduled_at)
+            self._registry.chain_left(job)
 
     def sift(self, immediate: list[Tick], decision: Decision) -> list[Tick]:
         """The step's ticks to claim (``immediate`` and those ``decision`` found due), and
