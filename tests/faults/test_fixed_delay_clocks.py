@@ -24,6 +24,13 @@ def chain_of(db: Database) -> list[LedgerRow]:
     return sorted((r for r in db.ledger() if r.job == JOB), key=lambda r: r.scheduled_at)
 
 
+def stopped(replicas: Fleet, db: Database) -> tuple[dict[str, int], list[LedgerRow], int]:
+    """Stop the replicas: their exit codes, the job's ledger rows, and the ticks run twice."""
+    codes = replicas.stop()
+    ran = Counter(e["tick"] for e in replicas.events("start"))
+    return codes, chain_of(db), sum(n - 1 for n in ran.values())
+
+
 def links(chain: list[LedgerRow]) -> list[float]:
     return [
         (b.scheduled_at - a.finished_at).total_seconds()
@@ -48,10 +55,7 @@ def test_skewed_replicas_follow_one_chain_and_never_run_a_tick_early(
     replicas.start("r3", jobs=1, every_s=delay, task_ms=task_ms, fixed_delay=True, faketime="-10s")
     replicas.wait_ready(["r1", "r2", "r3"], timeout=60)
     time.sleep(15)
-    codes = replicas.stop()
-    chain = chain_of(db)
-    ran = Counter(e["tick"] for e in replicas.events("start"))
-    duplicates = sum(n - 1 for n in ran.values())
+    codes, chain, duplicates = stopped(replicas, db)
     early = [
         (r.started_at - r.scheduled_at).total_seconds()
         for r in chain
@@ -81,10 +85,7 @@ def test_a_delay_below_the_read_cadence_runs_each_tick_once(
         replicas.start(replica, jobs=1, every_s=delay, task_ms=0, fixed_delay=True)
     replicas.wait_ready(["r1", "r2", "r3"], timeout=60)
     time.sleep(window)
-    codes = replicas.stop()
-    chain = chain_of(db)
-    ran = Counter(e["tick"] for e in replicas.events("start"))
-    duplicates = sum(n - 1 for n in ran.values())
+    codes, chain, duplicates = stopped(replicas, db)
     found = links(chain)
     first, last = chain[0].scheduled_at, chain[-1].scheduled_at
     rate = len(chain) / max((last - first).total_seconds(), 1e-9)

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 
+from replicron.backends.base import Backend
 from replicron.errors import JobNotFoundError
 from replicron.postgres import CoordinationMode, PostgresBackend
 from tests.helpers import poll_until, run_cli
@@ -40,7 +41,7 @@ def test_a_run_asked_for_runs_once_across_replicas(dsn: str, mode: CoordinationM
 def test_a_run_asked_for_runs_once_though_its_row_is_pruned(dsn: str) -> None:
     """A retention shorter than a request's life: the janitor keeps the manual run's row
     while the request is young, so no replica takes the request for a new one."""
-    backends = [
+    backends: list[Backend] = [
         PostgresBackend(dsn, namespace="short/", heartbeat_interval=0.1,
                         retention=timedelta(seconds=1))
         for _ in (1, 2)
