@@ -99,3 +99,58 @@ def test_kill_9_of_the_replica_running_a_fixed_delay_job(
     assert links == {DELAY}, chain
     assert all(row.outcome is not None for row in chain), chain
     assert gap < GAP_BOUND
+
+
+def between_runs(replicas: Fleet) -> dict[str, Any] | None:
+    """The latest run's start, once it finished and no later run started."""
+    started = starts(replicas)
+    if len(started) < 2:
+        return None
+    latest = started[-1]
+    finished = {(e["pid"], e["run_id"]) for e in replicas.events("finish")}
+    return latest if (latest["pid"], latest["run_id"]) in finished else None
+
+
+@both_modes
+@pytest.mark.timeout(180)
+def test_kill_9_of_the_leader_between_runs_of_a_fixed_delay_leader_mode_job(
+    replicas: Fleet, db: Database, summary: Summary
+) -> None:
+    """The leader dies between two runs: its lease (3.5 s) outlives the next tick (1 s after
+    the finish), which the standbys leave to it; the replica that takes over runs that tick
+    and the chain goes on."""
+    delay, stale = 1.0, 4.0
+    for replica in ("r1", "r2", "r3"):
+        replicas.start(replica, jobs=1, every_s=delay, task_ms=50, fixed_delay=True,
+                       leader=True, heartbeat_interval=HEARTBEAT, stale_after=stale)  # fmt: skip
+    replicas.wait_ready(["r1", "r2", "r3"], timeout=60)
+    last_run = replicas.wait_until(
+        "a run over, the next not started", lambda: between_runs(replicas), 40
+    )
+    leader = replicas.name_of(last_run["pid"])
+    replicas.kill(leader)
+    killed_at = time.monotonic()
+    assert between_runs(replicas) == last_run  # no run was going on at the kill
+
+    def runs_after_the_kill() -> list[dict[str, Any]] | None:
+        later = [e for e in starts(replicas) if float(e["mono"]) > killed_at]
+        return later if len(later) >= 3 else None
+
+    later = replicas.wait_until("three runs after the kill", runs_after_the_kill, 60)
+    codes = replicas.stop()
+    chain = chain_of(db)
+    ran = Counter(e["tick"] for e in replicas.events("start"))
+    duplicates = sum(n - 1 for n in ran.values())
+    gap = float(later[0]["mono"]) - killed_at
+    summary(
+        f"[kill -9 of the leader between runs of a fixed-delay leader-mode job ({delay:g} s "
+        f"delay, stale_after {stale:g} s)] runs={sum(ran.values())} duplicates={duplicates} "
+        f"overlaps={overlaps(replicas)} | next run {gap:.2f} s after the kill, on "
+        f"{later[0]['replica']}; ledger outcomes={dict(Counter(r.outcome for r in chain))} "
+        f"exit={codes}"
+    )
+    assert duplicates == 0
+    assert overlaps(replicas) == 0
+    assert {e["replica"] for e in later} != {leader}
+    assert all(row.outcome is not None for row in chain), chain
+    assert gap < stale + delay + 10.0

@@ -4,9 +4,12 @@ replicas poll for the request, one runs it, the ledger holds one manual row."""
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import timedelta
 
 import pytest
 
+from replicron.backends.base import Backend
 from replicron.errors import JobNotFoundError
 from replicron.postgres import CoordinationMode, PostgresBackend
 from tests.helpers import poll_until, run_cli
@@ -32,3 +35,29 @@ def test_a_run_asked_for_runs_once_across_replicas(dsn: str, mode: CoordinationM
     assert len(ran) == 1
     rows = sql(dsn, "SELECT manual, outcome, replica_id FROM replicron_runs WHERE job = 'report'")
     assert rows == [(True, "succeeded", ran[0])]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_asked_for_runs_once_though_its_row_is_pruned(dsn: str) -> None:
+    """A retention shorter than a request's life: the janitor keeps the manual run's row
+    while the request is young, so no replica takes the request for a new one."""
+    backends: list[Backend] = [
+        PostgresBackend(dsn, namespace="short/", heartbeat_interval=0.1,
+                        retention=timedelta(seconds=1))
+        for _ in (1, 2)
+    ]  # fmt: skip
+    replicas, ran = replicas_of_report(backends)
+    try:
+        asyncio.run(
+            PostgresBackend(dsn, namespace="short/", migrate=False).request_run("report", "t")
+        )
+        poll_until("the run asked for", lambda: len(ran) >= 1, timeout=30)
+        # Past the retention, through several janitor rounds (every 12 heartbeats) and
+        # polls of the requests (every 2 s).
+        time.sleep(8.0)
+        rows = sql(dsn, "SELECT manual FROM replicron_runs WHERE namespace = 'short/'")
+    finally:
+        for s in replicas:
+            s.shutdown()
+    assert len(ran) == 1, ran
+    assert rows == [(True,)]  # kept while the request may be pending

@@ -19,6 +19,7 @@ from replicron import (
     MemoryState,
     Outcome,
     Scheduler,
+    after,
     current_run,
     every,
 )
@@ -152,6 +153,43 @@ def test_a_job_never_recorded_is_caught_up_from_the_first_tick_left_to_the_leade
     assert recorded == {T[1]: Outcome.MISSED, T[2]: Outcome.MISSED, T[3]: Outcome.MISSED}
 
 
+@pytest.mark.parametrize("ever_recorded", [True, False])
+def test_a_new_leader_goes_on_with_a_fixed_delay_chain_the_old_one_left(
+    clock: FakeClock, state: MemoryState, replicas: list[Scheduler], ever_recorded: bool
+) -> None:
+    """The standbys leave each fixed-delay tick to the leader; the leader goes before it
+    claims tick 4 (or the first tick): the one that takes over runs that tick, late, and
+    the chain goes on a delay after each finish."""
+    ran = Ran()
+    r0, r1, r2 = replicas
+    for replica in replicas:
+        replica.start()
+        replica.add_job(after(seconds=10), ran, name="chain")
+    stop_at = 4 if ever_recorded else 1
+    for k in range(1, stop_at):
+        clock.set(T[k])
+        settle(replicas)
+    r0.remove_job("chain")  # the leader no longer claims its ticks
+    clock.set(T[stop_at])
+    settle(replicas)
+    clock.set(T[stop_at] + timedelta(seconds=5))
+    r0.shutdown()
+    settle(replicas)
+    for k in range(stop_at + 1, stop_at + 4):
+        clock.set(T[k] + timedelta(seconds=5))
+        settle(replicas)
+    assert r1.is_leader
+    recorded = [(r.scheduled_at, r.outcome, r.replica_id) for r in state.history("chain")]
+    took_over = T[stop_at] + timedelta(seconds=5)
+    assert recorded == [(T[k], Outcome.SUCCEEDED, "r0") for k in range(1, stop_at)] + [
+        (T[stop_at], Outcome.SUCCEEDED, "r1"),  # left by the standbys, run late
+        (took_over + timedelta(seconds=10), Outcome.SUCCEEDED, "r1"),
+        (took_over + timedelta(seconds=20), Outcome.SUCCEEDED, "r1"),
+        (took_over + timedelta(seconds=30), Outcome.SUCCEEDED, "r1"),
+    ]
+    assert not r2.is_leader
+
+
 def test_without_leader_mode_nobody_contends(clock: FakeClock, state: MemoryState) -> None:
     with Scheduler(clock=clock, backend=MemoryBackend(state), replica_id="a") as s:
         s.add_job(every(seconds=10), lambda: None, name="plain")
@@ -265,3 +303,32 @@ def test_a_replica_that_no_longer_leads_drops_the_leader_ticks_it_deferred() -> 
     decision = Decision(due=[Tick("led", T[2]), Tick("free", T[2])], missed=[Tick("led", T[1])])
     assert leadership.sift([], decision) == [Tick("free", T[2])]
     assert decision.missed == []
+
+
+def test_a_fixed_delay_tick_a_leader_deferred_is_retaken_when_it_leads_again() -> None:
+    """A leader deferred a fixed-delay tick for a free thread and lost the lease: the tick is
+    the next leader's. Leading again before the ledger has it, it plans that tick again
+    rather than wait for a finish that never comes."""
+    state = MemoryState()
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("chain", leader=True, trigger=after(seconds=10)))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    spreader = leadership.adopt(Spreader("r1"))
+    assert spreader is not None
+    leadership.job_changed("chain")
+    assert leadership.step([]) == (["chain"], {})
+    parts.clock.set(T[1])
+    [tick] = parts.registry.take_due(T[1])[0].due  # handed out: its next follows its finish
+    spreader.deferred["chain"] = tick
+    other = MemoryBackend(state)
+    asyncio.run(other.open("r2"))
+    other.contend(lambda: None)
+    asyncio.run(parts.backend.close())  # the lease goes to r2, which goes in turn
+    leadership.step([])
+    assert parts.registry.next_runs("chain", 1) == []
+    asyncio.run(parts.backend.open("r1"))
+    parts.backend.contend(lambda: None)
+    asyncio.run(other.close())
+    assert leadership.step([])[0] == ["chain"]
+    assert parts.registry.next_runs("chain", 1) == [T[1]]

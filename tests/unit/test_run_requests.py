@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -117,3 +118,31 @@ def test_a_request_another_replica_ran_is_done_not_asked_again(tmp_path: Path) -
         poll_until("three polls", lambda: stale.polls >= 3, timeout=30)
     assert ran == ["node-1"]
     assert [row["manual"] for row in embedded_rows(tmp_path, "report")] == [1]
+
+
+def test_a_request_is_not_run_again_once_retention_passed_over_its_row(tmp_path: Path) -> None:
+    """A retention shorter than a request's life: the janitor (at a replica's start) keeps
+    the manual run's row while the request is young, though a later tick was recorded, so
+    the new replica does not run it again."""
+    now = datetime.now(UTC)
+    clock = FakeClock(now.replace(minute=0, second=0, microsecond=0))  # the wall clock's hour
+    ran: list[str] = []
+    retention = timedelta(milliseconds=200)
+    first = Scheduler(
+        clock=clock, backend=EmbeddedBackend(tmp_path, retention=retention), replica_id="node-1"
+    )
+    first.add_job(every(hours=1), lambda: ran.append("node-1"), name="report")
+    with first:
+        asyncio.run(EmbeddedBackend(tmp_path).request_run("report", "test"))
+        poll_until("the run asked for", lambda: len(ran) >= 1, timeout=30)
+        clock.advance(timedelta(hours=1))  # a tick after the manual run
+        first.wait_idle()
+    time.sleep(0.5)  # real time: the rows' claims are older than the retention
+    late = EmbeddedBackend(tmp_path, retention=retention)
+    second = Scheduler(clock=clock, backend=late, replica_id="node-2")
+    second.add_job(every(hours=1), lambda: ran.append("node-2"), name="report")
+    with second:  # its janitor ran at its start; it polls for requests at once
+        time.sleep(0.5)
+        second.wait_idle()
+    assert ran == ["node-1", "node-1"]
+    assert sorted(row["manual"] for row in embedded_rows(tmp_path, "report")) == [0, 1]

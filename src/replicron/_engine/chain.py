@@ -39,6 +39,9 @@ class Chain:
     #: first tick of a job with no row is the trigger's, read once more when it falls due, so
     #: a replica started just after another claimed it does not start a second chain.
     confirmed: bool = False
+    #: The tick handed out was left to the leader (a leader-mode job on a standby), not
+    #: claimed here: should this replica lead before the ledger has it, it claims it itself.
+    left: bool = False
 
     def wants_read(self, now: datetime, due: datetime | None) -> bool:
         """Whether to read the job's last finish at ``now`` (``due``: its planned tick); if
@@ -53,8 +56,18 @@ class Chain:
 
     def hand_out(self, tick: datetime) -> None:
         """``tick`` is due and handed out for a claim: the next one follows its end."""
-        self.handed_out, self.confirmed = tick, False
+        self.handed_out, self.confirmed, self.left = tick, False, False
         self.read_at = tick + self.read_every
+
+    def retake(self, now: datetime) -> datetime | None:
+        """This replica now leads: the tick it left to the leader, to plan again (read the
+        ledger first, at ``now``), or ``None`` if it left none."""
+        tick = self.handed_out
+        if not self.left or tick is None:
+            return None
+        self.handed_out, self.confirmed, self.left = None, False, False
+        self.read_at = now
+        return tick
 
     def learn(
         self, last: LastFinish | None, now: datetime, due: datetime | None,

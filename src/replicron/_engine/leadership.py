@@ -125,6 +125,7 @@ class Leadership:
             observer.notify("on_leader_lost", observer.replica_id)
             return None
         names = [name for name in self._registry.names() if self.led(name)]
+        self._registry.chains_retaken(names)  # catch-up leaves fixed-delay jobs to their chain
         # Kept: a job still without a row has had no tick recorded since, and a catch-up
         # that fails is tried again from the same ticks.
         since = {name: at - _BEFORE for name, at in self._left.items()}
@@ -144,6 +145,7 @@ class Leadership:
             return
         for job in [job for job in spreader.deferred if self.led(job)]:
             self._left.setdefault(job, spreader.deferred.pop(job).scheduled_at)
+            self._registry.chain_left(job)
 
     def sift(self, immediate: list[Tick], decision: Decision) -> list[Tick]:
         """The step's ticks to claim (``immediate`` and those ``decision`` found due), and
@@ -160,6 +162,7 @@ class Leadership:
         for tick in ticks:
             if self.led(tick.job):
                 left.setdefault(tick.job, tick.scheduled_at)
+                self._registry.chain_left(tick.job)
             else:
                 kept.append(tick)
         return kept

@@ -265,6 +265,22 @@ class Planner:
             assert isinstance(tick, datetime)
             self._set_next(job, entry, tick)
 
+    def left_to_leader(self, job: str) -> None:
+        """The tick of fixed-delay ``job`` just handed out is the leader's: not claimed here."""
+        entry = self._entries.get(job)
+        if entry is not None and entry.chain is not None and entry.next_due is None:
+            entry.chain.left = True
+
+    def retake(self, job: str, now: datetime) -> None:
+        """This replica now leads: a tick of fixed-delay ``job`` it left to the old leader
+        is planned again, from the ledger (no row: that tick, late), or the chain stalls."""
+        entry = self._entries.get(job)
+        if entry is None or entry.chain is None or entry.next_due is not None:
+            return
+        tick = entry.chain.retake(now)
+        if tick is not None:
+            self._set_next(job, entry, tick)
+
     def finished_here(self, job: str, now: datetime) -> None:
         """A run of fixed-delay ``job`` ended here and its outcome is written: read its
         finish at once rather than at the next read."""

@@ -350,6 +350,18 @@ class JobRegistry:
         with self._lock:
             return self._planner.chain_read_at()
 
+    def chain_left(self, job: str) -> None:
+        """A standby left the tick of a leader-mode job to the leader (see ``Planner``)."""
+        with self._lock:
+            self._planner.left_to_leader(job)
+
+    def chains_retaken(self, jobs: Iterable[str]) -> None:
+        """This replica now leads ``jobs``: the fixed-delay ticks it left are planned again."""
+        now = self.clock.now()
+        with self._lock:
+            for job in jobs:
+                self._planner.retake(job, now)
+
     def chains_finished(self, states: Sequence[JobState | None]) -> None:
         """Outcomes of these jobs were written: a fixed-delay one reads its finish at once."""
         now, planner, woken = self.clock.now(), self._planner, False

@@ -29,6 +29,7 @@ from replicron.events import Outcome
 from ._micros import MICROSECOND
 from ._processes import Claimant, process_alive
 from ._sql import migration_files, sql
+from .base import RUN_REQUEST_EXPIRY
 
 __all__ = ["Ledger", "OpenRun", "migrations", "now_us"]
 
@@ -305,12 +306,14 @@ class Ledger:
         """Delete finished rows claimed longer than ``retention`` ago, keeping each job's
         latest scheduled tick (catch-up reads it after long pauses); at most ``batch`` rows a
         call."""
-        cutoff = now_us() - retention // MICROSECOND
+        now = now_us()
+        cutoffs = {
+            "cutoff": now - retention // MICROSECOND,
+            "requests_cutoff": now - RUN_REQUEST_EXPIRY // MICROSECOND,
+            "batch": batch,
+        }
         with self.write() as conn:
-            pruned = [
-                _Pruned._make(row)
-                for row in conn.execute(sql("prunable_runs"), {"cutoff": cutoff, "batch": batch})
-            ]
+            pruned = [_Pruned._make(row) for row in conn.execute(sql("prunable_runs"), cutoffs)]
             conn.executemany(sql("delete_run"), [{"run_id": row.run_id} for row in pruned])
             # The scheduled runs pruned go to their job's tally: max_runs counts them.
             runs = Counter(row.job for row in pruned if not row.manual and Outcome(row.outcome).ran)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 
+from replicron.backends.base import RUN_REQUEST_EXPIRY
 from replicron.backends.leadership import LeaderTerm
 
 from ._advisory import refuse_pooler
@@ -346,7 +347,9 @@ class Housekeeper:
                 extra={"event": "abandoned", "job": job, "tick": tick.isoformat(),
                        "replica": self.replica_id},
             )  # fmt: skip
-        await self._statements.fetch("prune", retention=self._retention, batch=1000)
+        await self._statements.fetch(
+            "prune", retention=self._retention, requests_keep=RUN_REQUEST_EXPIRY, batch=1000
+        )
         await self._statements.fetch("prune_registry", retention=self._retention)
 
     async def blocked_by_frozen(self, job: str, replica: str | None, pid: int) -> None:

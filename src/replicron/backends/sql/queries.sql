@@ -131,9 +131,11 @@ LIMIT 1;
 
 -- name: prunable_runs
 -- Finished rows claimed before :cutoff, but each job's latest scheduled tick (catch-up reads it
--- after long pauses).
+-- after long pauses), and manual rows claimed since :requests_cutoff (a run asked for across
+-- the replicas may still be pending: its row is what says it ran).
 SELECT run_id, job, manual, outcome FROM replicron_runs old
 WHERE old.claimed_at < :cutoff AND old.outcome IS NOT NULL
+  AND (old.manual = 0 OR old.claimed_at < :requests_cutoff)
   AND old.scheduled_at < (SELECT max(latest.scheduled_at)
                           FROM replicron_runs latest
                           WHERE latest.job = old.job AND latest.manual = 0)

@@ -443,14 +443,17 @@ WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NUL
 
 -- name: prune
 -- Retention: delete finished rows older than the retention period, in bounded batches, always
--- keeping each job's latest scheduled row (catch-up reads it after long pauses). The scheduled
--- runs deleted are added to their job's tally (replicron_pruned_runs): max_runs counts them.
+-- keeping each job's latest scheduled row (catch-up reads it after long pauses), and manual
+-- rows while a run asked for across the cluster may still be pending (%(requests_keep)s):
+-- its row is what says it ran. The scheduled runs deleted are added to their job's tally
+-- (replicron_pruned_runs): max_runs counts them.
 WITH deleted AS (
     DELETE FROM replicron_runs
     WHERE run_id IN (
         SELECT run_id FROM replicron_runs old
         WHERE old.namespace = %(namespace)s AND old.outcome IS NOT NULL
           AND old.claimed_at < now() - %(retention)s::interval
+          AND (NOT old.manual OR old.claimed_at < now() - %(requests_keep)s::interval)
           AND old.run_id IS DISTINCT FROM (
               SELECT max(latest.run_id) FROM replicron_runs latest
               WHERE latest.namespace = old.namespace AND latest.job = old.job
