@@ -290,14 +290,14 @@ def test_a_replica_that_no_longer_leads_drops_the_leader_ticks_it_deferred() -> 
     spreader = leadership.adopt(Spreader("r1"))
     assert spreader is not None
     leadership.job_changed("led")
-    assert leadership.step([]) == (["led"], {})  # leads at once: catches "led" up
+    assert leadership.step([], T[0], []) == (["led"], {})  # leads at once: catches "led" up
     assert spreader.rank("led") == (0, 0)  # the leader is first for its ticks
     spreader.deferred.update({"led": Tick("led", T[1]), "free": Tick("free", T[1])})
     other = MemoryBackend(state)
     asyncio.run(other.open("r2"))
     other.contend(lambda: None)
     asyncio.run(parts.backend.close())  # the lease goes to r2
-    assert leadership.step(["led", "free"]) == (["free"], {})
+    assert leadership.step(["led", "free"], T[0], []) == (["free"], {})
     assert list(spreader.deferred) == ["free"]
     assert spreader.rank("led") != (0, 0)
     decision = Decision(due=[Tick("led", T[2]), Tick("free", T[2])], missed=[Tick("led", T[1])])
@@ -317,7 +317,7 @@ def test_a_fixed_delay_tick_a_leader_deferred_is_retaken_when_it_leads_again() -
     spreader = leadership.adopt(Spreader("r1"))
     assert spreader is not None
     leadership.job_changed("chain")
-    assert leadership.step([]) == (["chain"], {})
+    assert leadership.step([], T[0], []) == (["chain"], {})
     parts.clock.set(T[1])
     [tick] = parts.registry.take_due(T[1])[0].due  # handed out: its next follows its finish
     spreader.deferred["chain"] = tick
@@ -325,10 +325,58 @@ def test_a_fixed_delay_tick_a_leader_deferred_is_retaken_when_it_leads_again() -
     asyncio.run(other.open("r2"))
     other.contend(lambda: None)
     asyncio.run(parts.backend.close())  # the lease goes to r2, which goes in turn
-    leadership.step([])
+    leadership.step([], T[1], [])
     assert parts.registry.next_runs("chain", 1) == []
     asyncio.run(parts.backend.open("r1"))
     parts.backend.contend(lambda: None)
     asyncio.run(other.close())
-    assert leadership.step([])[0] == ["chain"]
+    assert leadership.step([], T[1], [])[0] == ["chain"]
     assert parts.registry.next_runs("chain", 1) == [T[1]]
+
+
+def test_a_standby_that_takes_over_claims_the_ticks_it_let_go_before_their_instant() -> None:
+    """Claims are planned ahead of their instant: a standby lets a leader-mode tick go a
+    moment before it is due, and becomes the leader before it is due. The catch-up reaches
+    up to its instant only, so the tick is claimed as it comes, neither lost nor claimed
+    twice; one let go and due by the takeover is the catch-up's."""
+    state = MemoryState()
+    leader = MemoryBackend(state)
+    asyncio.run(leader.open("r0"))
+    leader.contend(lambda: None)
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("led", leader=True))
+    parts.registry.add_job(spec("free"))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    leadership.job_changed("led")
+    lead = timedelta(milliseconds=50)
+    before = T[1] - lead
+    assert leadership.step([], before, []) == ([], {})  # r0 leads
+    decision = Decision(due=[Tick("led", T[1]), Tick("free", T[1])])
+    assert leadership.sift([], decision) == [Tick("free", T[1])]
+    asyncio.run(leader.close())  # the lease goes to r1 before T[1]
+    immediate: list[Tick] = []
+    catch_up, since = leadership.step([], before + lead / 2, immediate)
+    assert (catch_up, since) == (["led"], {"led": T[1] - timedelta(microseconds=1)})
+    assert immediate == [Tick("led", T[1])]
+    again: list[Tick] = []
+    leadership.step([], T[1], again)  # handed out once
+    assert again == []
+
+
+def test_a_tick_let_go_and_due_by_the_takeover_is_left_to_the_catch_up() -> None:
+    state = MemoryState()
+    leader = MemoryBackend(state)
+    asyncio.run(leader.open("r0"))
+    leader.contend(lambda: None)
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("led", leader=True))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    leadership.job_changed("led")
+    leadership.step([], T[1] - timedelta(milliseconds=50), [])
+    assert leadership.sift([Tick("led", T[1])], Decision()) == []
+    asyncio.run(leader.close())
+    immediate: list[Tick] = []
+    assert leadership.step([], T[1], immediate)[0] == ["led"]
+    assert immediate == []  # (last row, T[1]] is the catch-up's

@@ -277,7 +277,7 @@ class Engine:
         lead = self._dispatcher.lead()
         await self._chains.read(now + lead)  # fixed-delay jobs: their next ticks first
         decision, immediate, catch_up, manual = self.registry.take_due(now + lead)
-        catch_up, since = self.leadership.step(catch_up)
+        catch_up, since = self.leadership.step(catch_up, now, immediate)
         retries = self._retries
         immediate += retries.early_due(now)
         # Each part is guarded on its own: a backend failure must not stop the scheduler,

@@ -9,7 +9,9 @@ A tick that fell due while no replica led (the leader killed, frozen or cut off,
 lease ran out) has no row. The replica that takes over catches every leader-mode job up, as a
 replica starting after downtime does (each job's ``catch_up`` and ``misfire_grace``): from
 the job's last recorded tick, or for a job never recorded, from the first tick this replica
-left to a leader. So every tick ends with a row, run or missed.
+left to a leader. So every tick ends with a row, run or missed. A catch-up reaches up to
+its instant only: the ticks a standby let go ahead of theirs (planned with the claims' lead
+time) and not yet due when it takes over are claimed as they come, not lost between the two.
 
 Pure bookkeeping, no I/O: the engine asks, the backend's :class:`LeaderLease` answers.
 """
@@ -22,6 +24,7 @@ from datetime import datetime, timedelta
 
 from replicron.backends.base import Backend
 from replicron.backends.leadership import LeaderLease
+from replicron.triggers import FixedDelayTrigger
 
 from .capacity import Spreader
 from .observe import Observer
@@ -51,6 +54,9 @@ class Leadership:
         #: Per leader-mode job, the first tick this replica left to a leader since it last
         #: caught the job up: where a catch-up starts for a job the ledger has no row of.
         self._left: dict[str, datetime] = {}
+        #: Ticks this replica let go before their instant (claims are planned ahead), kept
+        #: until it: a catch-up at takeover, which reaches up to its instant, misses them.
+        self._ahead: list[Tick] = []
         #: Where the dispatcher leaves ticks for its threads or other replicas (a shared
         #: backend): the first for leader-mode ticks while this replica leads.
         self.spreader: Spreader | None = None
@@ -94,14 +100,20 @@ class Leadership:
         lease = self._lease
         return self._contending and (lease is None or lease.leading())
 
-    def step(self, catch_up: list[str]) -> tuple[list[str], dict[str, datetime]]:
+    def step(
+        self, catch_up: list[str], now: datetime, immediate: list[Tick]
+    ) -> tuple[list[str], dict[str, datetime]]:
         """At each step, of the jobs ``catch_up`` asks to catch up: those this replica
         catches up, with where to start for those the ledger has no row of. When it just
-        became the leader, every leader-mode job; while it is not, none of them."""
+        became the leader, every leader-mode job, and the ticks it let go that are not due
+        yet join ``immediate``; while it is not, none of them."""
+        self._ahead = [tick for tick in self._ahead if tick.scheduled_at > now]
         gained = self._changed()
         catch_up = self.sift_names(catch_up)
         if gained is None:
             return catch_up, {}
+        immediate += self._ahead
+        self._ahead = []
         return list(dict.fromkeys(catch_up + gained[0])), gained[1]
 
     def _changed(self) -> tuple[list[str], dict[str, datetime]] | None:
@@ -163,9 +175,15 @@ class Leadership:
             if self.led(tick.job):
                 left.setdefault(tick.job, tick.scheduled_at)
                 self._registry.chain_left(tick.job)
+                if not self._fixed_delay(tick.job):  # retaken by its chain
+                    self._ahead.append(tick)
             else:
                 kept.append(tick)
         return kept
+
+    def _fixed_delay(self, job: str) -> bool:
+        state = self._registry.get(job)
+        return state is not None and isinstance(state.spec.trigger, FixedDelayTrigger)
 
     def sift_names(self, names: Iterable[str]) -> list[str]:
         """Jobs to catch up less the leader-mode ones, unless this replica is the leader
