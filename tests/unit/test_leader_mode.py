@@ -380,3 +380,23 @@ def test_a_tick_let_go_and_due_by_the_takeover_is_left_to_the_catch_up() -> None
     immediate: list[Tick] = []
     assert leadership.step([], T[1], immediate)[0] == ["led"]
     assert immediate == []  # (last row, T[1]] is the catch-up's
+
+
+def test_a_tick_let_go_of_a_job_removed_since_is_not_claimed_at_the_takeover() -> None:
+    state = MemoryState()
+    leader = MemoryBackend(state)
+    asyncio.run(leader.open("r0"))
+    leader.contend(lambda: None)
+    parts = Parts(MemoryBackend(state))
+    asyncio.run(parts.backend.open("r1"))
+    parts.registry.add_job(spec("led", leader=True))
+    parts.registry.add_job(spec("gone", leader=True))
+    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
+    leadership.job_changed("led")
+    leadership.step([], T[1] - timedelta(milliseconds=50), [])
+    assert leadership.sift([Tick("led", T[1]), Tick("gone", T[1])], Decision()) == []
+    parts.registry.remove_job("gone")
+    asyncio.run(leader.close())
+    immediate: list[Tick] = []
+    leadership.step([], T[1] - timedelta(milliseconds=10), immediate)
+    assert immediate == [Tick("led", T[1])]

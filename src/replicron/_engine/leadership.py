@@ -112,7 +112,7 @@ class Leadership:
         catch_up = self.sift_names(catch_up)
         if gained is None:
             return catch_up, {}
-        immediate += self._ahead
+        immediate += [tick for tick in self._ahead if self.led(tick.job)]  # not removed
         self._ahead = []
         return list(dict.fromkeys(catch_up + gained[0])), gained[1]
 
