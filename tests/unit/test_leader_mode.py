@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -334,21 +335,35 @@ def test_a_fixed_delay_tick_a_leader_deferred_is_retaken_when_it_leads_again() -
     assert parts.registry.next_runs("chain", 1) == [T[1]]
 
 
-def test_a_standby_that_takes_over_claims_the_ticks_it_let_go_before_their_instant() -> None:
-    """Claims are planned ahead of their instant: a standby lets a leader-mode tick go a
-    moment before it is due, and becomes the leader before it is due. The catch-up reaches
-    up to its instant only, so the tick is claimed as it comes, neither lost nor claimed
-    twice; one let go and due by the takeover is the catch-up's."""
+class Standby(NamedTuple):
+    leader: MemoryBackend
+    parts: Parts
+    leadership: Leadership
+
+
+def standby(*jobs: str, free: str = "") -> Standby:
+    """Replica r1 with leader-mode ``jobs`` (and a ``free`` one), standing by while r0 leads."""
     state = MemoryState()
     leader = MemoryBackend(state)
     asyncio.run(leader.open("r0"))
     leader.contend(lambda: None)
     parts = Parts(MemoryBackend(state))
     asyncio.run(parts.backend.open("r1"))
-    parts.registry.add_job(spec("led", leader=True))
-    parts.registry.add_job(spec("free"))
+    for job in jobs:
+        parts.registry.add_job(spec(job, leader=True))
+    if free:
+        parts.registry.add_job(spec(free))
     leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
-    leadership.job_changed("led")
+    leadership.job_changed(jobs[0])
+    return Standby(leader, parts, leadership)
+
+
+def test_a_standby_that_takes_over_claims_the_ticks_it_let_go_before_their_instant() -> None:
+    """Claims are planned ahead of their instant: a standby lets a leader-mode tick go a
+    moment before it is due, and becomes the leader before it is due. The catch-up reaches
+    up to its instant only, so the tick is claimed as it comes, neither lost nor claimed
+    twice; one let go and due by the takeover is the catch-up's."""
+    leader, _, leadership = standby("led", free="free")
     lead = timedelta(milliseconds=50)
     before = T[1] - lead
     assert leadership.step([], before, []) == ([], {})  # r0 leads
@@ -365,15 +380,7 @@ def test_a_standby_that_takes_over_claims_the_ticks_it_let_go_before_their_insta
 
 
 def test_a_tick_let_go_and_due_by_the_takeover_is_left_to_the_catch_up() -> None:
-    state = MemoryState()
-    leader = MemoryBackend(state)
-    asyncio.run(leader.open("r0"))
-    leader.contend(lambda: None)
-    parts = Parts(MemoryBackend(state))
-    asyncio.run(parts.backend.open("r1"))
-    parts.registry.add_job(spec("led", leader=True))
-    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
-    leadership.job_changed("led")
+    leader, _, leadership = standby("led")
     leadership.step([], T[1] - timedelta(milliseconds=50), [])
     assert leadership.sift([Tick("led", T[1])], Decision()) == []
     asyncio.run(leader.close())
@@ -383,16 +390,7 @@ def test_a_tick_let_go_and_due_by_the_takeover_is_left_to_the_catch_up() -> None
 
 
 def test_a_tick_let_go_of_a_job_removed_since_is_not_claimed_at_the_takeover() -> None:
-    state = MemoryState()
-    leader = MemoryBackend(state)
-    asyncio.run(leader.open("r0"))
-    leader.contend(lambda: None)
-    parts = Parts(MemoryBackend(state))
-    asyncio.run(parts.backend.open("r1"))
-    parts.registry.add_job(spec("led", leader=True))
-    parts.registry.add_job(spec("gone", leader=True))
-    leadership = Leadership(parts.backend, parts.registry, parts.observer, lambda: None)
-    leadership.job_changed("led")
+    leader, parts, leadership = standby("led", "gone")
     leadership.step([], T[1] - timedelta(milliseconds=50), [])
     assert leadership.sift([Tick("led", T[1]), Tick("gone", T[1])], Decision()) == []
     parts.registry.remove_job("gone")
