@@ -55,7 +55,7 @@ class Leadership:
         #: caught the job up: where a catch-up starts for a job the ledger has no row of.
         self._left: dict[str, datetime] = {}
         #: Ticks this replica let go before their instant (claims are planned ahead), kept
-        #: until it: a catch-up at takeover, which reaches up to its instant, misses them.
+        #: until then: a catch-up at takeover reaches up to its own instant, not theirs.
         self._ahead: list[Tick] = []
         #: Where the dispatcher leaves ticks for its threads or other replicas (a shared
         #: backend): the first for leader-mode ticks while this replica leads.
