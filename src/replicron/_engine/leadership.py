@@ -24,7 +24,6 @@ from datetime import datetime, timedelta
 
 from replicron.backends.base import Backend
 from replicron.backends.leadership import LeaderLease
-from replicron.triggers import FixedDelayTrigger
 
 from .capacity import Spreader
 from .observe import Observer
@@ -174,16 +173,11 @@ class Leadership:
         for tick in ticks:
             if self.led(tick.job):
                 left.setdefault(tick.job, tick.scheduled_at)
-                self._registry.chain_left(tick.job)
-                if not self._fixed_delay(tick.job):  # retaken by its chain
+                if not self._registry.chain_left(tick.job):  # else retaken by its chain
                     self._ahead.append(tick)
             else:
                 kept.append(tick)
         return kept
-
-    def _fixed_delay(self, job: str) -> bool:
-        state = self._registry.get(job)
-        return state is not None and isinstance(state.spec.trigger, FixedDelayTrigger)
 
     def sift_names(self, names: Iterable[str]) -> list[str]:
         """Jobs to catch up less the leader-mode ones, unless this replica is the leader

@@ -265,11 +265,14 @@ class Planner:
             assert isinstance(tick, datetime)
             self._set_next(job, entry, tick)
 
-    def left_to_leader(self, job: str) -> None:
-        """The tick of fixed-delay ``job`` just handed out is the leader's: not claimed here."""
+    def left_to_leader(self, job: str) -> bool:
+        """The tick of fixed-delay ``job`` just handed out is the leader's: not claimed here.
+        Whether the job's chain takes it up again (see :meth:`retake`)."""
         entry = self._entries.get(job)
         if entry is not None and entry.chain is not None and entry.next_due is None:
             entry.chain.left = True
+            return True
+        return False
 
     def retake(self, job: str, now: datetime) -> None:
         """This replica now leads: a tick of fixed-delay ``job`` it left to the old leader

@@ -350,10 +350,11 @@ class JobRegistry:
         with self._lock:
             return self._planner.chain_read_at()
 
-    def chain_left(self, job: str) -> None:
-        """A standby left the tick of a leader-mode job to the leader (see ``Planner``)."""
+    def chain_left(self, job: str) -> bool:
+        """A standby left the tick of a leader-mode job to the leader (see ``Planner``):
+        whether the job's fixed-delay chain takes it up again once this replica leads."""
         with self._lock:
-            self._planner.left_to_leader(job)
+            return self._planner.left_to_leader(job)
 
     def chains_retaken(self, jobs: Iterable[str]) -> None:
         """This replica now leads ``jobs``: the fixed-delay ticks it left are planned again."""
