@@ -1,7 +1,7 @@
 """An app's ``jobs.py`` that raises as it is imported, as real ``manage.py`` processes of the
 example project see it: one line per module naming the module and the line of the project's
 code that raised (no traceback), ``migrate`` goes on with it as a warning, ``check`` and
-``replicron run`` refuse."""
+``replicron run`` refuse; and a trigger that fails as its job is added names the job."""
 
 from __future__ import annotations
 
@@ -46,6 +46,22 @@ SHIPPING_SCHEDULES = """\
 from replicron import every
 
 HOURLY = every(hours=1, jitter=hour)
+"""
+
+OWN_TRIGGER_JOBS = """\
+from replicron.contrib.django import job
+
+
+class BookClosing:
+    \"\"\"A trigger of the project's own: the books close on days only finance knows.\"\"\"
+
+    def next_after(self, instant):
+        raise ValueError("no closing calendar for this year")
+
+
+@job(BookClosing(), name="close-books")
+def close_books() -> None:
+    pass
 """
 
 
@@ -113,3 +129,17 @@ def test_a_jobs_module_that_raises_is_one_line_migrate_goes_on_check_and_run_ref
     assert f"?: (replicron.E001) {billing}" in run.stderr.splitlines()
     assert "Traceback" not in run.stderr
     assert project.sql("SELECT replica_id FROM replicron_replicas") == []  # it never started
+
+
+def test_a_trigger_that_fails_as_its_job_is_added_names_the_job(
+    project: Project, tmp_path: Path
+) -> None:
+    app(tmp_path, "billing", jobs=OWN_TRIGGER_JOBS)
+    app(tmp_path, "shipping")  # no jobs.py: nothing to say
+
+    checked = project.manage("replicron", "check")
+    assert checked.returncode == 2
+    assert checked.stderr == (
+        "CommandError: billing.jobs.close_books: job 'close-books': no closing calendar for "
+        "this year\n"
+    )

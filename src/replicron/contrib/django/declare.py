@@ -182,5 +182,17 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
                 **options,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"{declared.origin}: {exc}") from exc
+            raise ImproperlyConfigured(
+                f"{declared.origin}: {_naming_the_job(declared, exc)}"
+            ) from exc
     return scheduler
+
+
+def _naming_the_job(declared: Declaration, exc: Exception) -> str:
+    """``exc``'s message, led by the job's name where it does not say it (a trigger that
+    raises as the job is added says only what is wrong with it)."""
+    name = declared.options.get("name")
+    said = str(exc)
+    if not isinstance(name, str) or said.startswith(f"job {name!r}"):
+        return said
+    return f"job {name!r}: {said}"
