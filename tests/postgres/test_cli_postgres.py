@@ -224,10 +224,8 @@ def test_pause_refuses_a_job_no_replica_registered_in_its_namespace(dsn: str) ->
         with psycopg.connect(dsn) as conn:
             assert conn.execute("SELECT * FROM replicron_paused").fetchall() == []
 
-        paused = run_cli("pause", "charge-card", *shop)
-        assert paused.returncode == 0, paused.stderr
         forced = run_cli("pause", "refund", "--force", *shop)
         assert forced.returncode == 0, forced.stderr
         with psycopg.connect(dsn) as conn:
-            rows = conn.execute("SELECT namespace, job FROM replicron_paused ORDER BY job")
-            assert rows.fetchall() == [("shop/", "charge-card"), ("shop/", "refund")]
+            rows = conn.execute("SELECT namespace, job FROM replicron_paused").fetchall()
+            assert rows == [("shop/", "refund")]
