@@ -15,7 +15,7 @@ from ._schedule.tz import UTC, resolve_zone
 from .backends.base import ClusterRegistry, NamespacedRegistry, RunRequests
 from .cluster import ClusterStatus
 from .dsn import mask_dsn
-from .errors import ConfigurationError, ReplicronError
+from .errors import ConfigurationError, JobNotFoundError, ReplicronError
 from .triggers import cron, upcoming
 
 __all__ = ["main", "run_cluster_command"]
@@ -81,6 +81,12 @@ def _build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text, description=text[0].upper() + text[1:])
         command.add_argument("job", help="the job's name")
         _add_source(command)
+        if name == "pause":
+            command.add_argument(
+                "--force",
+                action="store_true",
+                help="pause it though no replica has registered it (a job not deployed yet)",
+            )
     run = commands.add_parser(
         "run",
         help="run the jobs of a TOML config as one replica of a cluster (the daemon)",
@@ -215,7 +221,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_pause(args: argparse.Namespace) -> int:
     by = f"replicron-cli@{socket.gethostname()}"
-    if _ask(args, lambda backend: backend.pause(args.job, by)):
+
+    async def pause(backend: ClusterRegistry) -> bool:
+        if not args.force:
+            await _require_known(backend, args, hint="to pause a job not deployed yet, add --force")
+        return await backend.pause(args.job, by)
+
+    if _ask(args, pause):
         print(f"paused {args.job!r}: every replica records its ticks paused from its next claim")
     else:
         print(f"{args.job!r} was paused already")
@@ -223,7 +235,13 @@ def _cmd_pause(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    if _ask(args, lambda backend: backend.resume(args.job)):
+    async def resume(backend: ClusterRegistry) -> bool:
+        if await backend.resume(args.job):
+            return True
+        await _require_known(backend, args)  # nothing was paused: a typo is said, not ignored
+        return False
+
+    if _ask(args, resume):
         print(f"resumed {args.job!r}: it runs again from its next tick")
     else:
         print(f"{args.job!r} was not paused")
@@ -236,7 +254,10 @@ def _cmd_run_now(args: argparse.Namespace) -> int:
     async def request(backend: ClusterRegistry) -> datetime:
         if not isinstance(backend, RunRequests):
             raise ConfigurationError(f"{type(backend).__name__} keeps no run requests")
-        return await backend.request_run(args.job, by)
+        try:
+            return await backend.request_run(args.job, by)
+        except JobNotFoundError:
+            raise await _unknown_job(backend, args, await backend.cluster_status()) from None
 
     at = _ask(args, request)
     print(
@@ -244,6 +265,44 @@ def _cmd_run_now(args: argparse.Namespace) -> int:
         "replica that schedules it runs it once, within seconds"
     )
     return 0
+
+
+async def _require_known(
+    backend: ClusterRegistry, args: argparse.Namespace, hint: str = ""
+) -> None:
+    """Refuse a job the cluster does not know: no replica registered it and it is not paused
+    (a typo, or a forgotten ``--namespace``, would otherwise be paused or resumed silently)."""
+    status = await backend.cluster_status()
+    view = status.job(args.job)
+    if view is None or not (view.registered or view.paused is not None):
+        raise await _unknown_job(backend, args, status, hint)
+
+
+async def _unknown_job(
+    backend: ClusterRegistry, args: argparse.Namespace, status: ClusterStatus, hint: str = ""
+) -> JobNotFoundError:
+    """The refusal of a job no replica registered, naming the jobs that are, and on a
+    database several namespaces share, the other namespaces with runs."""
+    others: list[str] = []
+    if isinstance(backend, NamespacedRegistry) and args.given is None:
+        others = [name for name in await backend.namespaces() if name != status.namespace]
+    there = f" in namespace {status.namespace!r}" if status.namespace or others else ""
+    said = [f"no replica has registered a job named {args.job!r}{there}"]
+    registered = [view.job for view in status.jobs if view.registered]
+    if registered:
+        said.append(f"registered jobs: {_short_list(registered)}")
+    else:
+        said.append("none is registered" + (" there" if there else ""))
+    if others:
+        said.append(f"namespaces with runs: {_short_list(others)} (choose one with --namespace)")
+    if hint:
+        said.append(hint)
+    return JobNotFoundError("; ".join(said))
+
+
+def _short_list(names: Sequence[str], most: int = 10) -> str:
+    listed = ", ".join(map(repr, names[:most]))
+    return listed + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _cmd_forget(args: argparse.Namespace) -> int:

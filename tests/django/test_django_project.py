@@ -116,6 +116,20 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
         assert replica in pages["/admin/replicron/replica/"]["text"]
         assert "heartbeat" in pages[f"/admin/replicron/run/{run_id}/change/"]["text"]
 
+        typo = project.manage("replicron", "pause", "heartbeet")
+        assert (typo.returncode, typo.stdout) == (2, "")
+        assert typo.stderr == (
+            "replicron: error: no replica has registered a job named 'heartbeet' in namespace "
+            "'mysite/'; registered jobs: 'heartbeat', 'nightly-cleanup'; to pause a job not "
+            "deployed yet, add --force\n"
+        )
+        forced = project.manage("replicron", "pause", "--force", "deployed-tomorrow")
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout.startswith("paused 'deployed-tomorrow'")
+        # The admin acts on the registry's rows only: a name not among them selects nothing.
+        assert project.admin("action", "pause", "heartbeet")["messages"] == []
+        assert project.sql("SELECT job FROM replicron_paused") == [("deployed-tomorrow",)]
+
         paused = project.admin("action", "pause", "heartbeat")
         assert paused == {"status": 302, "messages": ["paused 'heartbeat'"]}
         pause_at = database_now(project)

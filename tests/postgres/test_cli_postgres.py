@@ -192,3 +192,40 @@ def test_registrations_of_dropped_jobs_go_by_replica_id_or_by_forget(dsn: str) -
             forgotten.stdout == "forgot 'moved': no longer expected (it was registered by web-2)\n"
         )
         assert [v.job for v in new.cluster_status().jobs] == ["kept"]
+
+
+def test_pause_refuses_a_job_no_replica_registered_in_its_namespace(dsn: str) -> None:
+    clock = FakeClock(z(2026, 1, 1))
+    with Scheduler(clock=clock, backend=PostgresBackend(dsn, namespace="shop/")) as s:
+        s.add_job(every(seconds=10), lambda: None, name="charge-card")
+        clock.set(z(2026, 1, 1, 0, 0, 10))
+        s.wait_idle()  # a run: the namespace has runs to be found by
+        forgot_namespace = run_cli("pause", "charge-card", "--database-url", dsn)
+        assert (forgot_namespace.returncode, forgot_namespace.stdout) == (2, "")
+        assert forgot_namespace.stderr == (
+            "replicron: error: no replica has registered a job named 'charge-card' in "
+            "namespace ''; none is registered there; namespaces with runs: 'shop/' (choose "
+            "one with --namespace); to pause a job not deployed yet, add --force\n"
+        )
+        shop = ("--database-url", dsn, "--namespace", "shop/")
+        typo = run_cli("pause", "charge-crad", *shop)
+        assert typo.returncode == 2
+        assert typo.stderr == (
+            "replicron: error: no replica has registered a job named 'charge-crad' in "
+            "namespace 'shop/'; registered jobs: 'charge-card'; to pause a job not deployed "
+            "yet, add --force\n"
+        )
+        resumed = run_cli("resume", "charge-crad", *shop)
+        assert resumed.returncode == 2
+        assert "named 'charge-crad' in namespace 'shop/'; registered jobs:" in resumed.stderr
+        run_now = run_cli("run-now", "charge-crad", *shop)
+        assert run_now.returncode == 2
+        assert "named 'charge-crad' in namespace 'shop/'; registered jobs:" in run_now.stderr
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT * FROM replicron_paused").fetchall() == []
+
+        forced = run_cli("pause", "refund", "--force", *shop)
+        assert forced.returncode == 0, forced.stderr
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute("SELECT namespace, job FROM replicron_paused").fetchall()
+            assert rows == [("shop/", "refund")]

@@ -184,3 +184,54 @@ def test_status_names_the_leader_while_it_lives(tmp_path: Path) -> None:
         assert table[-1] == "leader: node-1"
     status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
     assert status["leader"] is None  # stopped: nobody leads
+
+
+def test_pause_and_resume_refuse_a_job_no_replica_registered(tmp_path: Path) -> None:
+    clock = FakeClock(START)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path))
+    s.add_job(every(seconds=10), lambda: None, name="charge-card")
+    s.add_job(every(seconds=10), lambda: None, name="nightly-cleanup")
+    state = ("--state-dir", str(tmp_path))
+    with s:  # registered as it starts
+        typo = run_cli("pause", "charge-crad", *state)
+        assert (typo.returncode, typo.stdout) == (2, "")
+        assert typo.stderr == (
+            "replicron: error: no replica has registered a job named 'charge-crad'; "
+            "registered jobs: 'charge-card', 'nightly-cleanup'; to pause a job not deployed "
+            "yet, add --force\n"
+        )
+        resumed = run_cli("resume", "charge-crad", *state)
+        assert (resumed.returncode, resumed.stdout) == (2, "")
+        assert resumed.stderr == (
+            "replicron: error: no replica has registered a job named 'charge-crad'; "
+            "registered jobs: 'charge-card', 'nightly-cleanup'\n"
+        )
+        assert s.cluster_status().job("charge-crad") is None  # nothing was paused
+
+        forced = run_cli("pause", "deploying-tomorrow", "--force", *state)
+        assert forced.returncode == 0, forced.stderr
+        assert forced.stdout.startswith("paused 'deploying-tomorrow'")
+        again = run_cli("pause", "deploying-tomorrow", *state)  # a pause is known
+        assert again.stdout == "'deploying-tomorrow' was paused already\n"
+        resumed = run_cli("resume", "deploying-tomorrow", *state)
+        assert resumed.stdout.startswith("resumed 'deploying-tomorrow'")
+        assert run_cli("resume", "deploying-tomorrow", *state).returncode == 2
+
+        known = run_cli("pause", "charge-card", *state)
+        assert known.returncode == 0, known.stderr
+        assert known.stdout.startswith("paused 'charge-card'")
+        paused = s.cluster_status().job("charge-card")
+        assert paused is not None
+        assert paused.paused is not None
+
+
+def test_pause_where_no_replica_registered_any_job_says_none_is(tmp_path: Path) -> None:
+    s = Scheduler(clock=FakeClock(START), backend=EmbeddedBackend(tmp_path))
+    s.start()
+    s.shutdown()  # the ledger exists; no job was ever added
+    refused = run_cli("pause", "charge-card", "--state-dir", str(tmp_path))
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        "replicron: error: no replica has registered a job named 'charge-card'; none is "
+        "registered; to pause a job not deployed yet, add --force\n"
+    )

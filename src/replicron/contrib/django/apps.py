@@ -12,16 +12,25 @@ from django.core.signals import request_started
 __all__ = ["ReplicronConfig", "check_jobs"]
 
 
-def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_jobs(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """``manage.py check``: the settings, and every job built as a scheduler would (nothing
-    connects or starts)."""
+    connects or starts); one error ``replicron.E001`` per problem.
+
+    A command that works on the databases (``migrate``, which passes ``databases``) gets
+    them as warnings ``replicron.W001``: the jobs do not touch the schema, and a deploy
+    migrates before it runs the code whose jobs are broken."""
     from .conf import read_settings
-    from .declare import build_scheduler
+    from .declare import JobsProblems, build_scheduler
 
     try:
         build_scheduler(read_settings())
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), id="replicron.E001")]
+        problems = exc.problems if isinstance(exc, JobsProblems) else (str(exc),)
+        if databases is not None:
+            return [checks.Warning(problem, id="replicron.W001") for problem in problems]
+        return [checks.Error(problem, id="replicron.E001") for problem in problems]
     return []
 
 

@@ -1,6 +1,8 @@
 """Jobs of a Django project: declared with :func:`job` in an app's ``jobs.py`` (found like
 ``admin.py``) or listed in ``settings.REPLICRON["jobs"]``, and added to a scheduler by
-:func:`build_scheduler`.
+:func:`build_scheduler`. A ``jobs.py`` that raises while it is imported (a trigger is built
+before :func:`job` learns the job's name) is :class:`JobsProblems` naming the module and the
+line of the project's code that raised, never a traceback through replicron.
 
 A sync task runs between two ``close_old_connections()``, as a request does: a worker
 thread's database connection that went stale (``CONN_MAX_AGE``, or a server that closed it)
@@ -10,21 +12,28 @@ is not reused, and one opened by the task is closed when its age is up.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
-from collections.abc import Callable, Mapping
+import os
+import sysconfig
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
-from django.utils.module_loading import autodiscover_modules, import_string
+from django.utils.module_loading import import_string, module_has_submodule
 
+from replicron.errors import ReplicronError
 from replicron.scheduler import Scheduler
 from replicron.triggers import Trigger
 
 from .conf import ReplicronSettings, make_backend
 
-__all__ = ["Declaration", "build_scheduler", "declared_jobs", "job"]
+__all__ = ["Declaration", "JobsProblems", "build_scheduler", "declared_jobs", "job"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,11 +64,69 @@ def job(trigger: Trigger, /, *args: Any, **options: Any) -> Callable[[F], F]:
     return declare
 
 
+class JobsProblems(ImproperlyConfigured):
+    """Problems of the project's jobs, one line each (``problems``)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def _discover_jobs_modules() -> None:
+    """Import every installed app's ``jobs.py``, as the admin does ``admin.py``; raises
+    :class:`JobsProblems` with a line per module that raised. What a module declared before
+    it raised is dropped, so that importing it again declares nothing twice."""
+    problems = []
+    for app_config in apps.get_app_configs():
+        module = f"{app_config.name}.jobs"
+        declared = len(_declared)
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            del _declared[declared:]
+            if module_has_submodule(app_config.module, "jobs"):
+                problems.append(
+                    f"cannot import {module}: {_where_it_raised(exc, module)}{_said(exc)}"
+                )
+    if problems:
+        raise JobsProblems(problems)
+
+
+def _said(exc: Exception) -> str:
+    # replicron's errors say what is wrong on their own; another error needs its kind.
+    return str(exc) if isinstance(exc, ReplicronError) else f"{type(exc).__name__}: {exc}"
+
+
+#: Where code that is not the project's lives: replicron, the standard library, packages.
+_NOT_THE_PROJECTS = tuple(
+    os.path.join(path, "")
+    for path in {str(Path(__file__).parents[2])}
+    | {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _where_it_raised(exc: Exception, module: str) -> str:
+    """``file:line: `` of the project's code that raised ``exc`` while ``module`` was
+    imported: the innermost frame outside replicron, the standard library and installed
+    packages (else the module's own innermost frame)."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}: "
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    for frame, line in reversed(frames):
+        path = frame.f_code.co_filename
+        if not path.startswith(("<", *_NOT_THE_PROJECTS)):
+            return f"{path}:{line}: "
+    for frame, line in reversed(frames):
+        if frame.f_globals.get("__name__") == module:
+            return f"{frame.f_code.co_filename}:{line}: "
+    return ""
+
+
 def declared_jobs(settings: ReplicronSettings) -> list[Declaration]:
     """The jobs of ``settings["jobs"]``, then those declared with :func:`job` (the apps'
     ``jobs.py`` imported first, unless ``autodiscover`` is off)."""
     if settings.autodiscover:
-        autodiscover_modules("jobs")
+        _discover_jobs_modules()
     found = []
     for at, entry in enumerate(settings.jobs):
         key = f"settings.REPLICRON['jobs'][{at}]"
@@ -115,5 +182,17 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
                 **options,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"{declared.origin}: {exc}") from exc
+            raise ImproperlyConfigured(
+                f"{declared.origin}: {_naming_the_job(declared, exc)}"
+            ) from exc
     return scheduler
+
+
+def _naming_the_job(declared: Declaration, exc: Exception) -> str:
+    """``exc``'s message, led by the job's name where it does not say it (a trigger that
+    raises as the job is added says only what is wrong with it)."""
+    name = declared.options.get("name")
+    said = str(exc)
+    if not isinstance(name, str) or said.startswith(f"job {name!r}"):
+        return said
+    return f"job {name!r}: {said}"

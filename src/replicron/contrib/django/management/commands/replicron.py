@@ -40,7 +40,14 @@ class Command(BaseCommand):
             ("resume", "resume a paused job"),
             ("run-now", "run a job once now, on whichever replica sees it first"),
         ):
-            commands.add_parser(name, help=text).add_argument("job", help="the job's name")
+            command = commands.add_parser(name, help=text)
+            command.add_argument("job", help="the job's name")
+            if name == "pause":
+                command.add_argument(
+                    "--force",
+                    action="store_true",
+                    help="pause it though no replica has registered it (a job not deployed yet)",
+                )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -95,7 +102,7 @@ class Command(BaseCommand):
         if action == "status":
             argv += ["--json"] * options["json"] + ["--check"] * options["check"]
         else:
-            argv.append(options["job"])
+            argv += [options["job"]] + ["--force"] * options.get("force", False)
         code = run_cluster_command(argv, backend, where, migrate_with="manage.py migrate")
         if code:
             sys.exit(code)
