@@ -442,6 +442,28 @@ def test_close_records_the_ticks_it_never_recorded_and_frees_their_locks(
     run(main())
 
 
+def succeeded(claim: Any) -> Release:
+    """The release of a claimed run that succeeded, unlocking it."""
+    tick, finished = claim.scheduled_at, claim.scheduled_at + timedelta(seconds=1)
+    record = RunRecord(claim.job, tick, Outcome.SUCCEEDED, "r0", claim.run_id, tick, finished, None)
+    return Release(record, True)
+
+
+def test_the_wal_stays_within_a_mebibyte(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await opened(tmp_path)
+        wal = tmp_path / f"{LEDGER_NAME}-wal"
+        largest = 0
+        for n in range(400):  # enough writes to grow SQLite's default WAL past 1 MiB
+            claimed = await claim_one(backend, "cleanup", n, lock=False)
+            await backend.release([succeeded(claimed)._replace(unlock=False)])
+            largest = max(largest, wal.stat().st_size)
+        await backend.close()
+        assert 0 < largest <= 1024 * 1024
+
+    run(main())
+
+
 def test_retention_prunes_old_finished_rows_but_each_jobs_latest(tmp_path: Path) -> None:
     run(run_and_close(tmp_path))
     old = now_us() - 30 * 86_400_000_000

@@ -118,6 +118,8 @@ class Ledger:
         if str(mode).lower() != "wal":
             raise StateDirError(self.path, f"cannot use WAL mode (journal mode stays {mode!r})")
         conn.execute(sql("synchronous_full"))
+        conn.execute(sql("wal_checkpoint_pages"))
+        conn.execute(sql("wal_size_limit"))
         self._phase = "cannot be migrated"
         self._migrate()
         self._phase = "cannot be opened"
