@@ -29,6 +29,7 @@ from replicron.events import Outcome
 from ._micros import MICROSECOND
 from ._processes import Claimant, process_alive
 from ._sql import migration_files, sql
+from ._state_dir import DISK_FULL, out_of_space, problem_of
 from .base import RUN_REQUEST_EXPIRY
 
 __all__ = ["Ledger", "OpenRun", "migrations", "now_us"]
@@ -99,9 +100,10 @@ class Ledger:
                     # at once rather than wait for the busy timeout. Try again.
                     time.sleep(random.uniform(0.005, 0.05))
                     continue
+                if isinstance(exc, sqlite3.Error | OSError) and out_of_space(exc, path.parent):
+                    raise StateDirError(path, f"cannot be written: {DISK_FULL}") from exc
                 if isinstance(exc, sqlite3.Error | OSError):
-                    problem = exc.strerror if isinstance(exc, OSError) else None
-                    problem = problem or str(exc)
+                    problem = problem_of(exc, path.parent)
                     raise StateDirError(path, f"{self._phase}: {problem}") from exc
                 raise
 

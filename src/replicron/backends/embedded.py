@@ -42,7 +42,7 @@ from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
 from ._sqlite_cluster import ClusterMethods, join, leave, register_replica, replica_stopped
-from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
+from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir, problem_of
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
@@ -229,7 +229,8 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                 register_replica(conn, self._claimant)
         except sqlite3.Error as exc:
             ledger.close()
-            raise StateDirError(ledger.path, f"cannot be updated: {exc}") from exc
+            problem = problem_of(exc, directory)
+            raise StateDirError(ledger.path, f"cannot be updated: {problem}") from exc
         except BaseException:
             ledger.close()
             raise
