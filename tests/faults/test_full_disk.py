@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import errno
 import subprocess
-from collections.abc import Iterator
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pytest
 
 from tests._harness.daemons import Daemons, config_text
 from tests._harness.reporting import report_on_failure
 from tests.faults.prereqs import require
+from tests.helpers import embedded_rows
 
 pytestmark = pytest.mark.timeout(60)
 
+Summary = Callable[[str], None]
 JOB = "tick"
 
 
@@ -80,6 +85,68 @@ def config(out: Path) -> str:
     script = 'sleep 0.5; echo "$REPLICRON_SCHEDULED_AT $REPLICRON_RUN_ID" >> "$1"'
     job = {"name": JOB, "every": "1s", "command": ["sh", "-c", script, "record", str(out)]}
     return config_text({}, [job])
+
+
+def rows(state_dir: Path) -> list[dict[str, Any]]:
+    return embedded_rows(state_dir, JOB)
+
+
+def going(state_dir: Path) -> dict[str, Any] | None:
+    """A run under way: started, no outcome yet."""
+    found = [r for r in rows(state_dir) if r["started_at"] is not None and r["outcome"] is None]
+    return found[0] if found else None
+
+
+def ran(out: Path, run_id: int) -> bool:
+    """Whether the command of run ``run_id`` wrote its line."""
+    return out.exists() and any(line.split()[1:] == [str(run_id)] for line in lines(out))
+
+
+def lines(out: Path) -> list[str]:
+    return [line for line in out.read_text().splitlines(keepends=True) if line.endswith("\n")]
+
+
+def test_a_run_that_ends_on_a_full_disk_is_recorded_and_the_job_runs_on(
+    daemons: Daemons, state_dir: Path, tmp_path: Path, summary: Summary
+) -> None:
+    out = tmp_path / "runs.txt"
+    daemon = daemons.start("d1", config(out))
+    run = daemons.wait_until("a run to be under way", lambda: going(state_dir), 20.0)
+    filler = fill(state_dir)
+    daemons.wait_until("the run to end on the full disk", lambda: ran(out, run["run_id"]), 5.0)
+    time.sleep(1.0)  # the fault goes on: later ticks fall due on the full disk
+    filler.unlink()
+    freed = datetime.now(UTC)
+    daemons.wait_until(
+        "a tick after the disk was freed to succeed",
+        lambda: any(r["outcome"] == "succeeded" and r["scheduled_at"] > freed
+                    for r in rows(state_dir)),
+        10.0,
+    )  # fmt: skip
+    assert daemons.stop()["d1"] == 0
+
+    ledger = rows(state_dir)
+    outcomes = Counter(r["outcome"] for r in ledger)
+    [kept] = [r for r in ledger if r["run_id"] == run["run_id"]]
+    assert kept["outcome"] == "succeeded", kept
+    assert outcomes["abandoned"] == 0, ledger
+    assert outcomes[None] == 0, ledger
+    ticks = [r["scheduled_at"] for r in ledger]
+    every_tick = [ticks[0] + timedelta(seconds=n) for n in range(len(ticks))]
+    assert ticks == every_tick, "a tick without a row"
+    runs = Counter(datetime.fromisoformat(line.split()[0]) for line in lines(out))
+    assert max(runs.values()) == 1, "a tick ran twice"
+    succeeded = {r["scheduled_at"] for r in ledger if r["outcome"] == "succeeded"}
+    assert set(runs) == succeeded
+    assert any(tick > freed for tick in succeeded)
+    # One line when the outcome could not be written, one when it was.
+    [waiting] = daemon.lines("outcomes waiting to be written")
+    assert "the disk is full (no space left on device)" in waiting
+    assert len(daemon.lines("outcomes that waited are written")) == 1
+    summary(
+        f"[full disk, embedded] {len(ledger)} ticks, {dict(outcomes)}; run {run['run_id']}"
+        " recorded succeeded once the disk was freed"
+    )
 
 
 @pytest.mark.parametrize("ledger", ["new", "existing"])
