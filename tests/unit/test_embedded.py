@@ -511,6 +511,18 @@ def test_an_outcome_still_refused_at_the_next_claim_keeps_waiting(tmp_path: Path
     run(main())
 
 
+def test_an_outcome_that_waited_replaces_an_abandoned_written_meanwhile(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await ended_while_refused(tmp_path)
+        with ledger(tmp_path) as janitor:  # as a janitor that took the run's process for dead
+            janitor.execute("UPDATE replicron_runs SET outcome = 'abandoned', finished_at = 1")
+        await claim_one(backend, "cleanup", 2, lock=True)
+        assert row(tmp_path, "cleanup", 1) == ("succeeded", None, 1)
+        await backend.close()
+
+    run(main())
+
+
 def test_an_outcome_that_waits_at_close_is_written_then_not_abandoned(tmp_path: Path) -> None:
     async def main() -> None:
         backend = await ended_while_refused(tmp_path)
