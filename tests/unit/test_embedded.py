@@ -23,7 +23,7 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
-from replicron.backends._ledger import migrations, now_us
+from replicron.backends._ledger import Ledger, migrations, now_us
 from replicron.backends._micros import to_micros as to_us
 from replicron.backends._processes import process_alive, process_start
 from replicron.backends.base import (
@@ -509,6 +509,21 @@ def test_an_outcome_still_refused_at_the_next_claim_keeps_waiting(tmp_path: Path
         await backend.close()
 
     run(main())
+
+
+def test_a_run_known_to_have_ended_does_not_keep_its_job_while_its_row_is_open(
+    tmp_path: Path,
+) -> None:
+    run(run_and_close(tmp_path))
+    me, started = os.getpid(), process_start(os.getpid())
+    for n in (1, 2):
+        insert_open(tmp_path, "cleanup", n, me, started)
+    with ledger(tmp_path) as conn:
+        [(ended,), (claimed,)] = conn.execute(
+            "SELECT run_id FROM replicron_runs ORDER BY run_id"
+        ).fetchall()
+        assert not Ledger.start_alone(conn, "cleanup", claimed)  # a live process's run
+        assert Ledger.start_alone(conn, "cleanup", claimed, {ended})
 
 
 def test_an_outcome_that_waited_replaces_an_abandoned_written_meanwhile(tmp_path: Path) -> None:
