@@ -552,7 +552,7 @@ def test_the_wal_stays_within_a_mebibyte(tmp_path: Path) -> None:
         backend = await opened(tmp_path)
         wal = tmp_path / f"{LEDGER_NAME}-wal"
         largest = 0
-        for n in range(400):  # enough writes to grow SQLite's default WAL past 1 MiB
+        for n in range(200):  # enough writes to grow SQLite's default WAL past 1 MiB
             claimed = await claim_one(backend, "cleanup", n, lock=False)
             await backend.release([succeeded(claimed)._replace(unlock=False)])
             largest = max(largest, wal.stat().st_size)
