@@ -23,7 +23,7 @@ import pytest
 from filelock import FileLock, Timeout
 
 from replicron import ConfigurationError, EmbeddedBackend, StateDirError, job_lock_key
-from replicron.backends._ledger import migrations, now_us
+from replicron.backends._ledger import Ledger, migrations, now_us
 from replicron.backends._micros import to_micros as to_us
 from replicron.backends._processes import process_alive, process_start
 from replicron.backends.base import (
@@ -438,6 +438,126 @@ def test_close_records_the_ticks_it_never_recorded_and_frees_their_locks(
             assert row(tmp_path, job, 1)[:2] == ("abandoned", "replica a closed its backend first")
         assert (await claim_one(b, "cleanup", 2, lock=True)).locked
         await b.close()
+
+    run(main())
+
+
+@contextmanager
+def writes_refused(state_dir: Path) -> Iterator[None]:
+    """The ledger refuses every write meanwhile: another connection holds its write lock
+    longer than the backend's busy timeout."""
+    with ledger(state_dir) as other:
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            other.rollback()
+
+
+def succeeded(claim: Any) -> Release:
+    """The release of a claimed run that succeeded, unlocking it."""
+    tick, finished = claim.scheduled_at, claim.scheduled_at + timedelta(seconds=1)
+    record = RunRecord(claim.job, tick, Outcome.SUCCEEDED, "r0", claim.run_id, tick, finished, None)
+    return Release(record, True)
+
+
+def assert_lock_free(path: Path) -> None:
+    other = FileLock(str(path), timeout=0)
+    other.acquire(timeout=0)  # another open file description takes it at once
+    other.release()
+
+
+async def ended_while_refused(state_dir: Path) -> EmbeddedBackend:
+    """A backend whose run of "cleanup" at tick 1 succeeded while the ledger refused writes."""
+    backend = await opened(state_dir, busy_timeout=0.05)
+    first = await claim_one(backend, "cleanup", 1, lock=True)
+    with writes_refused(state_dir):
+        await backend.release([succeeded(first)])
+    return backend
+
+
+def test_an_outcome_the_ledger_refuses_is_kept_and_written_with_the_next_claim(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        backend = await ended_while_refused(tmp_path)
+        assert_lock_free(backend.lock_path("cleanup"))  # the run ended: so did its lock
+        assert row(tmp_path, "cleanup", 1) == (None, None, 1)  # its outcome waits
+        # Another replica finds the run going as long as its outcome waits.
+        other = await opened(tmp_path, "other")
+        assert (await claim_one(other, "cleanup", 2, lock=True)).status is LOCKED
+        await skip(other, "cleanup", 2)
+        # The next claim of the run's own replica writes the outcome, and runs the job.
+        third = await claim_one(backend, "cleanup", 3, lock=True)
+        assert (third.status, third.locked) == (CLAIMED, True)
+        assert row(tmp_path, "cleanup", 1) == ("succeeded", None, 1)
+        await backend.close()
+        await other.close()
+
+    run(main())
+
+
+def test_an_outcome_still_refused_at_the_next_claim_keeps_waiting(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await ended_while_refused(tmp_path)
+        with writes_refused(tmp_path), pytest.raises(sqlite3.OperationalError):
+            await claim_one(backend, "cleanup", 2, lock=True)
+        # Its own ended run keeps the job from this process no more than its lock does.
+        third = await claim_one(backend, "cleanup", 3, lock=True)
+        assert (third.status, third.locked) == (CLAIMED, True)
+        assert row(tmp_path, "cleanup", 1) == ("succeeded", None, 1)
+        await backend.close()
+
+    run(main())
+
+
+def test_a_run_known_to_have_ended_does_not_keep_its_job_while_its_row_is_open(
+    tmp_path: Path,
+) -> None:
+    run(run_and_close(tmp_path))
+    me, started = os.getpid(), process_start(os.getpid())
+    for n in (1, 2):
+        insert_open(tmp_path, "cleanup", n, me, started)
+    with ledger(tmp_path) as conn:
+        [(ended,), (claimed,)] = conn.execute(
+            "SELECT run_id FROM replicron_runs ORDER BY run_id"
+        ).fetchall()
+        assert not Ledger.start_alone(conn, "cleanup", claimed)  # a live process's run
+        assert Ledger.start_alone(conn, "cleanup", claimed, {ended})
+
+
+def test_an_outcome_that_waited_replaces_an_abandoned_written_meanwhile(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await ended_while_refused(tmp_path)
+        with ledger(tmp_path) as janitor:  # as a janitor that took the run's process for dead
+            janitor.execute("UPDATE replicron_runs SET outcome = 'abandoned', finished_at = 1")
+        await claim_one(backend, "cleanup", 2, lock=True)
+        assert row(tmp_path, "cleanup", 1) == ("succeeded", None, 1)
+        await backend.close()
+
+    run(main())
+
+
+def test_an_outcome_that_waits_at_close_is_written_then_not_abandoned(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await ended_while_refused(tmp_path)
+        await backend.close()
+        assert row(tmp_path, "cleanup", 1) == ("succeeded", None, 1)
+
+    run(main())
+
+
+def test_the_wal_stays_within_a_mebibyte(tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = await opened(tmp_path)
+        wal = tmp_path / f"{LEDGER_NAME}-wal"
+        largest = 0
+        for n in range(200):  # enough writes to grow SQLite's default WAL past 1 MiB
+            claimed = await claim_one(backend, "cleanup", n, lock=False)
+            await backend.release([succeeded(claimed)._replace(unlock=False)])
+            largest = max(largest, wal.stat().st_size)
+        await backend.close()
+        assert 0 < largest <= 1024 * 1024
 
     run(main())
 

@@ -10,7 +10,7 @@ skipped_overlap at once, so that no claim meanwhile counts it as a run of the jo
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import NamedTuple
 
 from replicron.events import Outcome
@@ -48,14 +48,20 @@ class _Won(NamedTuple):
 
 
 class ClaimBatch:
-    """The ticks of one claim, for ``claimant``, with the run locks of ``locks``."""
+    """The ticks of one claim, for ``claimant``, with the run locks of ``locks``; the
+    claimant's runs ``ended`` wait for their outcome and no longer count as going."""
 
     def __init__(
-        self, claimant: Claimant, locks: FileLocks, lock_key: Callable[[str], int]
+        self,
+        claimant: Claimant,
+        locks: FileLocks,
+        lock_key: Callable[[str], int],
+        ended: Collection[int] = (),
     ) -> None:
         self._claimant = claimant
         self._locks = locks
         self._lock_key = lock_key
+        self._ended = ended
         self._won: dict[tuple[str, int], _Won] = {}
         self._exhausted: set[str] = set()  # jobs whose max_runs are used up
         self._taken: list[int] = []  # lock keys this claim took
@@ -113,7 +119,7 @@ class ClaimBatch:
             key = self._lock_key(job)
             if job not in tried and self._locks.try_lock(key, run_id):
                 self._taken.append(key)
-                if Ledger.start_alone(conn, job, run_id):
+                if Ledger.start_alone(conn, job, run_id, self._ended):
                     self._won[job, tick] = _Won(ClaimStatus.CLAIMED, run_id, True)
                 else:
                     self._locks.unlock(self._taken.pop())

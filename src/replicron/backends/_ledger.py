@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +29,7 @@ from replicron.events import Outcome
 from ._micros import MICROSECOND
 from ._processes import Claimant, process_alive
 from ._sql import migration_files, sql
+from ._state_dir import DISK_FULL, out_of_space, problem_of
 from .base import RUN_REQUEST_EXPIRY
 
 __all__ = ["Ledger", "OpenRun", "migrations", "now_us"]
@@ -99,9 +100,10 @@ class Ledger:
                     # at once rather than wait for the busy timeout. Try again.
                     time.sleep(random.uniform(0.005, 0.05))
                     continue
+                if isinstance(exc, sqlite3.Error | OSError) and out_of_space(exc, path.parent):
+                    raise StateDirError(path, f"cannot be written: {DISK_FULL}") from exc
                 if isinstance(exc, sqlite3.Error | OSError):
-                    problem = exc.strerror if isinstance(exc, OSError) else None
-                    problem = problem or str(exc)
+                    problem = problem_of(exc, path.parent)
                     raise StateDirError(path, f"{self._phase}: {problem}") from exc
                 raise
 
@@ -118,6 +120,8 @@ class Ledger:
         if str(mode).lower() != "wal":
             raise StateDirError(self.path, f"cannot use WAL mode (journal mode stays {mode!r})")
         conn.execute(sql("synchronous_full"))
+        conn.execute(sql("wal_checkpoint_pages"))
+        conn.execute(sql("wal_size_limit"))
         self._phase = "cannot be migrated"
         self._migrate()
         self._phase = "cannot be opened"
@@ -196,11 +200,18 @@ class Ledger:
         return bool(count >= limit)
 
     @staticmethod
-    def running_elsewhere(conn: sqlite3.Connection, job: str, run_id: int) -> bool:
-        """Whether another started, unfinished run of ``job`` may still be going. Those whose
-        process is gone are recorded abandoned on the way."""
+    def running_elsewhere(
+        conn: sqlite3.Connection, job: str, run_id: int, ended: Collection[int] = ()
+    ) -> bool:
+        """Whether another started, unfinished run of ``job`` may still be going, apart from
+        the runs ``ended`` (known to have ended while their rows wait for their outcome).
+        Those whose process is gone are recorded abandoned on the way."""
         params = {"job": job, "run_id": run_id}
-        runs = [OpenRun._make(row) for row in conn.execute(sql("started_runs_of_job"), params)]
+        runs = [
+            run
+            for run in map(OpenRun._make, conn.execute(sql("started_runs_of_job"), params))
+            if run.run_id not in ended
+        ]
         dead = [run for run in runs if run.dead()]
         Ledger.abandon(conn, dead)
         return len(dead) < len(runs)
@@ -229,10 +240,12 @@ class Ledger:
         )  # fmt: skip
 
     @staticmethod
-    def start_alone(conn: sqlite3.Connection, job: str, run_id: int) -> bool:
-        """Mark the run started, unless another run of ``job`` may still be going (the
-        caller holds the job's lock); whether it did."""
-        if Ledger.running_elsewhere(conn, job, run_id):
+    def start_alone(
+        conn: sqlite3.Connection, job: str, run_id: int, ended: Collection[int] = ()
+    ) -> bool:
+        """Mark the run started, unless another run of ``job`` (but those ``ended``) may
+        still be going (the caller holds the job's lock); whether it did."""
+        if Ledger.running_elsewhere(conn, job, run_id, ended):
             return False
         conn.execute(sql("mark_started"), {"now": now_us(), "run_id": run_id})
         return True

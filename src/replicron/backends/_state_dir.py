@@ -2,14 +2,57 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import sqlite3
 from pathlib import Path
 
 from replicron.errors import StateDirError
 
-__all__ = ["LEDGER_NAME", "prepare_locks_dir", "prepare_state_dir"]
+__all__ = [
+    "DISK_FULL",
+    "LEDGER_NAME",
+    "out_of_space",
+    "prepare_locks_dir",
+    "prepare_state_dir",
+    "problem_of",
+]
 
 LEDGER_NAME = "replicron.sqlite3"
+
+#: SQLite's primary result codes (an extended code keeps its primary one in the low byte).
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+#: Less free space than this on the state directory's filesystem is a full disk: SQLite needs
+#: a few pages for any write.
+_ROOM_NEEDED = 64 * 1024
+#: What a full disk is called in every message about it.
+DISK_FULL = "the disk is full (no space left on device)"
+
+
+def out_of_space(exc: BaseException, directory: Path) -> bool:
+    """Whether ``exc`` failed for want of disk space on ``directory``'s filesystem. SQLite
+    reports a write to its shared-memory file that finds no room as an I/O error, so that one
+    is told apart by the space left."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(exc, sqlite3.OperationalError):  # SQLite's own failures carry its code
+        return False
+    if exc.sqlite_errorcode & 0xFF == _SQLITE_FULL:
+        return True
+    if exc.sqlite_errorcode & 0xFF != _SQLITE_IOERR:
+        return False
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < _ROOM_NEEDED
+
+
+def problem_of(exc: BaseException, directory: Path) -> str:
+    """What went wrong, in one line: a full disk said so, whatever SQLite called it."""
+    if out_of_space(exc, directory):
+        return DISK_FULL
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 def prepare_state_dir(path: Path) -> Path:

@@ -12,6 +12,9 @@ No server: gunicorn/uvicorn workers or a few daemons on one machine share ``stat
 * **Nothing left open**: rows record their claimant's pid; the open rows of a process that died
   are recorded ``abandoned`` when another process takes the job's lock, and by a janitor that
   runs at :meth:`~EmbeddedBackend.open` and every ``janitor_interval`` seconds during claims.
+* **Nothing dropped**: an outcome that cannot be written (a full disk) is kept, and written
+  before the next claim, start or outcome (or at close); its run's lock is dropped when the
+  run ends all the same.
 
 SQLite calls and file locks block: they run on a thread of the backend's own, one at a time
 and in order, never on the caller's event loop (see :mod:`._call_thread`).
@@ -42,7 +45,7 @@ from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
 from ._sqlite_cluster import ClusterMethods, join, leave, register_replica, replica_stopped
-from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir
+from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir, problem_of
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
@@ -105,6 +108,7 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         self._keys = LockKeyRegistry(self.lock_key)
         self._open: set[tuple[str, int]] = set()  # (job, tick) of our claimed, unrecorded ticks
+        self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
         self._claimant = Claimant("", os.getpid(), None)
         self._janitor = Janitor("", retention, janitor_interval)
         self._io: CallThread | None = None  # the thread every blocking call runs on
@@ -229,7 +233,8 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                 register_replica(conn, self._claimant)
         except sqlite3.Error as exc:
             ledger.close()
-            raise StateDirError(ledger.path, f"cannot be updated: {exc}") from exc
+            problem = problem_of(exc, directory)
+            raise StateDirError(ledger.path, f"cannot be updated: {problem}") from exc
         except BaseException:
             ledger.close()
             raise
@@ -246,22 +251,36 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:
+        if self._ledger is not None:
+            self._write_unwritten()
         ledger, self._ledger = self._ledger, None
         try:
+            for record, _ in self._unwritten:
+                logger.error(
+                    "job %r tick %s: could not record %s (run %s): the ledger cannot be written;"
+                    " its row stays open, and is recorded abandoned once this process ends",
+                    record.job,
+                    record.scheduled_at.isoformat(),
+                    record.outcome.value,
+                    record.run_id,
+                    extra=_extra(record, self.replica_id),
+                )
             if ledger is not None:
                 with ledger.write() as conn:  # gone for the others now, not with the process
                     replica_stopped(conn, self.replica_id)
-            if ledger is not None and self._open:
+            unrecorded = self._open - {_tick_of(record) for record, _ in self._unwritten}
+            if ledger is not None and unrecorded:
                 # Ticks we claimed and never recorded (close without the engine's shutdown):
                 # nobody else could tell that they ended while this process lives on.
                 with ledger.write() as conn:
                     error = f"replica {self.replica_id} closed its backend first"
-                    Ledger.abandon_ticks(conn, list(self._open), error)
+                    Ledger.abandon_ticks(conn, list(unrecorded), error)
         except sqlite3.Error as exc:
             logger.error("could not record the open ticks abandoned at close: %s", exc,
                          extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
         finally:
             self._open.clear()
+            self._unwritten = []
             self._locks.unlock_all()
             self._leader.unlock()
             if ledger is not None:
@@ -269,9 +288,10 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
 
     def _claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         ledger = self._require()
+        self._write_unwritten()
         self._janitor.run_when_due(ledger)
         unique, where = base.once_per_tick(requests)  # a repeated tick: the repeat is TAKEN
-        batch = ClaimBatch(self._claimant, self._locks, self.lock_key)
+        batch = ClaimBatch(self._claimant, self._locks, self.lock_key, self._ended_runs())
         try:
             with ledger.write() as conn:
                 batch.write(conn, unique)
@@ -288,8 +308,9 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         if claim.run_id is None or not self._locks.try_lock(key, claim.run_id):
             return False
         try:
+            self._write_unwritten()
             with ledger.write() as conn:
-                started = Ledger.start_alone(conn, claim.job, claim.run_id)
+                started = Ledger.start_alone(conn, claim.job, claim.run_id, self._ended_runs())
         except BaseException:
             self._locks.unlock(key)
             raise
@@ -298,28 +319,61 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         return started
 
     def _release(self, releases: Sequence[Release]) -> None:
-        if not releases:
+        """Record the outcomes, with those that wait from before; one that cannot be written
+        now is kept for the next write. Each run's lock is dropped either way: the run ended."""
+        waited = len(self._unwritten)
+        batch = self._unwritten + list(releases)
+        if not batch:
             return
         ledger = self._require()
-        with ledger.write() as conn:
-            recorded = 0
-            for record, _ in releases:
-                recorded += Ledger.record(
-                    conn, record.job, to_micros(record.scheduled_at), record.outcome,
-                    _micros(record.started_at), _micros(record.finished_at), record.error,
+        try:
+            with ledger.write() as conn:
+                recorded = 0
+                for record, _ in batch:
+                    recorded += Ledger.record(
+                        conn, record.job, to_micros(record.scheduled_at), record.outcome,
+                        _micros(record.started_at), _micros(record.finished_at), record.error,
+                    )  # fmt: skip
+        except sqlite3.OperationalError as exc:  # the disk or another writer, not the rows
+            self._unwritten = batch
+            if not waited:
+                logger.warning(
+                    "outcomes waiting to be written: %d (%s); each claim retries them",
+                    len(batch),
+                    problem_of(exc, self.state_dir),
+                    extra={"event": "lock_error", "replica": self.replica_id},
+                )
+        else:
+            self._unwritten = []
+            if waited:
+                logger.info(
+                    "outcomes that waited are written: %d",
+                    waited,
+                    extra={"event": "lock_error", "replica": self.replica_id},
+                )
+            for record, _ in batch:
+                self._open.discard(_tick_of(record))
+            if recorded != len(batch):
+                logger.error(
+                    "%d of %d outcomes found no ledger row", len(batch) - recorded, len(batch),
+                    extra={"event": "lock_error", "replica": self.replica_id},
                 )  # fmt: skip
-        # Unlock only after the outcome is committed: whoever takes the lock next must not
-        # find this run still open. And only a lock this handle holds for this very run.
+        # Unlocked once the outcome is committed, or kept: whoever takes the lock next finds
+        # this run open only while its outcome waits (this process knows it ended). And only
+        # a lock this handle holds for this very run.
         for record, unlock in releases:
-            self._open.discard((record.job, to_micros(record.scheduled_at)))
             key = self.lock_key(record.job)
             if unlock and record.run_id is not None and self._locks.holder(key) == record.run_id:
                 self._locks.unlock(key)
-        if recorded != len(releases):
-            logger.error(
-                "%d of %d outcomes found no ledger row", len(releases) - recorded, len(releases),
-                extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+
+    def _ended_runs(self) -> set[int]:
+        """Our runs whose outcome waits: ended, though their rows look open to the others."""
+        return {r.record.run_id for r in self._unwritten if r.record.run_id is not None}
+
+    def _write_unwritten(self) -> None:
+        """Write the outcomes that wait, if the ledger takes them now."""
+        if self._unwritten:
+            self._release([])
 
     def _give_back_claims(self, claims: list[Claim]) -> None:
         """The ticks a claim won for a caller that was cancelled: recorded missed (not run),
@@ -385,3 +439,12 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
 
 def _micros(instant: datetime | None) -> int | None:
     return None if instant is None else to_micros(instant)
+
+
+def _tick_of(record: RunRecord) -> tuple[str, int]:
+    return record.job, to_micros(record.scheduled_at)
+
+
+def _extra(record: RunRecord, replica: str) -> dict[str, str]:
+    tick = record.scheduled_at.isoformat()
+    return {"event": "lock_error", "job": record.job, "tick": tick, "replica": replica}

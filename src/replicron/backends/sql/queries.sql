@@ -16,6 +16,16 @@ PRAGMA journal_mode = WAL;
 -- A committed claim survives a power cut.
 PRAGMA synchronous = FULL;
 
+-- name: wal_checkpoint_pages
+-- The WAL is copied into the ledger once it holds this many pages (512 KiB of 4 KiB pages),
+-- not SQLite's default 1000: a small state directory must hold it beside the ledger.
+PRAGMA wal_autocheckpoint = 128;
+
+-- name: wal_size_limit
+-- A WAL that grew past 1 MiB (a reader kept a checkpoint from restarting it) is cut back to
+-- this size when it restarts.
+PRAGMA journal_size_limit = 1048576;
+
 -- name: begin_write
 -- Takes the write lock at once: a writer queues on it (for at most the busy timeout) before it
 -- reads anything it decides on.
