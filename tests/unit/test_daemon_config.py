@@ -6,6 +6,7 @@ a scheduler's loop, sleeps, or touches the network."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import itertools
 import os
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,7 +23,13 @@ import pytest
 from replicron.daemon import ConfigError, DaemonConfig, JobConfig, check_config
 from replicron.daemon._build import make_trigger, options_of
 from replicron.daemon._daemon import make_backend, make_scheduler, preview, validate
-from replicron.daemon.config import load_config, parse_config
+from replicron.daemon.config import (
+    SchedulerConfig,
+    load_config,
+    parse_config,
+    restarted_settings_kept,
+    with_replica_id,
+)
 from replicron.postgres import PostgresBackend
 from replicron.triggers import after, upcoming
 
@@ -847,6 +855,41 @@ def test_defaults() -> None:
     assert (parsed_job.overlap, parsed_job.catch_up, parsed_job.shell) == ("skip", "latest", False)
     assert parsed_job.command == ("true",)
     assert parsed_job.timeout is None
+
+
+# ---- the config as the daemon keeps it -------------------------------------------------------
+
+
+def every_field_set() -> DaemonConfig:
+    """A config whose every field (and every scheduler setting) holds a value of its own, so
+    that a step which rebuilds the config and forgets a field, present or future, is seen."""
+
+    def filled(kind: type[Any], **given: object) -> Any:
+        return kind(**{f.name: given.get(f.name, object()) for f in dataclasses.fields(kind)})
+
+    return filled(DaemonConfig, scheduler=filled(SchedulerConfig))  # type: ignore[no-any-return]
+
+
+def assert_same_but(made: object, original: object, changed: dict[str, object]) -> None:
+    for field in dataclasses.fields(original):  # type: ignore[arg-type]
+        expected = changed.get(field.name, getattr(original, field.name))
+        assert getattr(made, field.name) is expected, field.name
+
+
+def test_the_replica_id_the_daemon_makes_up_keeps_every_other_setting() -> None:
+    config = every_field_set()
+    made = with_replica_id(config, "host:42")
+    assert_same_but(made, config, {"scheduler": made.scheduler})
+    assert_same_but(made.scheduler, config.scheduler, {"replica_id": "host:42"})
+
+
+def test_a_reload_keeps_the_restart_only_settings_and_takes_every_other_field() -> None:
+    running, reloaded = every_field_set(), every_field_set()
+    restart_only = ("timezone", "replica_id")
+    applied = restarted_settings_kept(running, reloaded, restart_only)
+    assert_same_but(applied, reloaded, {"scheduler": applied.scheduler})
+    kept = {key: getattr(running.scheduler, key) for key in restart_only}
+    assert_same_but(applied.scheduler, reloaded.scheduler, kept)
 
 
 # ---- every kind of trigger builds --------------------------------------------------------------

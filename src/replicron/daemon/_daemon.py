@@ -23,7 +23,13 @@ from replicron.web import status_app
 from ._build import JobProblem, add_job, add_jobs, update_job
 from ._http import Response, json_response, serve
 from ._notify_config import Alerts
-from .config import ConfigError, DaemonConfig, SchedulerConfig, load_config
+from .config import (
+    ConfigError,
+    DaemonConfig,
+    SchedulerConfig,
+    load_config,
+    restarted_settings_kept,
+)
 
 __all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
 
@@ -279,8 +285,8 @@ class Daemon:
                 "reload: %s changed; these take effect at the next restart",
                 ", ".join(ignored), extra={"event": "reload_restart_needed"},
             )  # fmt: skip
-        kept = {k: getattr(old.scheduler, k) for k in _RESTART_ONLY}
-        settings = SchedulerConfig(**{**new.scheduler.__dict__, **kept})
+        applied = restarted_settings_kept(old, new, _RESTART_ONLY)
+        settings = applied.scheduler
         config_dir = os.path.dirname(os.path.abspath(new.path))
         before = {job.name: job for job in old.jobs}
         after = {job.name: job for job in new.jobs}
@@ -308,7 +314,7 @@ class Daemon:
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
         if self._alerts is not None:
             await self._alerts.reload(new.notify, _pings(new))
-        self.config = DaemonConfig(new.path, settings, new.jobs, new.notify)
+        self.config = applied
         scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
         logger.info(

@@ -4,6 +4,7 @@ so that a bad file is fixed in one go; nothing here imports a job's code or runs
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import tomllib
@@ -34,6 +35,8 @@ __all__ = [
     "SchedulerConfig",
     "load_config",
     "parse_config",
+    "restarted_settings_kept",
+    "with_replica_id",
 ]
 
 
@@ -109,6 +112,21 @@ class DaemonConfig:
     scheduler: SchedulerConfig
     jobs: tuple[JobConfig, ...] = field(default=())
     notify: NotifyConfig | None = None
+
+
+def with_replica_id(config: DaemonConfig, replica_id: str) -> DaemonConfig:
+    """``config`` with ``replica_id`` as its replica's id, every other setting as it is."""
+    settings = dataclasses.replace(config.scheduler, replica_id=replica_id)
+    return dataclasses.replace(config, scheduler=settings)
+
+
+def restarted_settings_kept(
+    running: DaemonConfig, reloaded: DaemonConfig, restart_only: tuple[str, ...]
+) -> DaemonConfig:
+    """``reloaded`` with the ``restart_only`` settings of the ``running`` config: a reload
+    applies everything else, and those wait for the next restart."""
+    kept = {key: getattr(running.scheduler, key) for key in restart_only}
+    return dataclasses.replace(reloaded, scheduler=dataclasses.replace(reloaded.scheduler, **kept))
 
 
 #: Worker threads for ``call`` jobs at most (each is a thread, made when the daemon starts).
