@@ -50,7 +50,8 @@ _RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_
 
 def make_backend(settings: SchedulerConfig) -> Backend:
     if settings.database_url:
-        from replicron.postgres import PostgresBackend  # the postgres extra, only when asked for
+        # the postgres extra, only when asked for
+        from replicron.postgres import PostgresBackend, SettingNames
 
         return PostgresBackend(
             settings.database_url,
@@ -62,6 +63,11 @@ def make_backend(settings: SchedulerConfig) -> Backend:
             stale_after=None
             if settings.stale_after is None
             else settings.stale_after.total_seconds(),
+            setting_names=SettingNames(
+                lease='coordination = "lease" in [scheduler] (or REPLICRON_COORDINATION=lease)',
+                session_pooler="session_pooler = true in [scheduler] "
+                "(or REPLICRON_SESSION_POOLER=true)",
+            ),
         )
     return EmbeddedBackend(settings.state_dir or ".replicron")
 
