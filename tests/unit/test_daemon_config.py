@@ -65,7 +65,7 @@ def config_path(where: Path) -> str:
 
 def problems_of(text: str, where: Path, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every problem ``replicron check`` would report for ``text`` (``@TMP@`` stands for
-    ``where``): the parser's, else the library's when the jobs are added."""
+    ``where``): the parser's, then the library's when the jobs that parsed are added."""
     text = text.replace("@TMP@", str(where))
     try:
         config = parse_config(text, config_path(where), {} if environ is None else environ)
@@ -74,7 +74,9 @@ def problems_of(text: str, where: Path, environ: Mapping[str, str] | None = None
     else:
         return asyncio.run(validate(config))
     assert str(error) == "\n".join(error.problems)
-    return error.problems
+    if error.partial is None:  # not TOML: nothing was read
+        return error.problems
+    return error.problems + asyncio.run(validate(error.partial, error.broken_fields))
 
 
 def parsed(text: str, environ: Mapping[str, str] | None = None) -> DaemonConfig:
@@ -636,13 +638,12 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
         "job 'b': max_runs: must be a whole number of at least 1, not 0",
         "job 'c': timeout: must be longer than 0, not '0s'",
         "job 'c': env: ${UNSET} is not set in the environment",
+        "job 'c': a second job has the same name",  # the first's problems do not hide it
     ]
     assert_one_line_each(problems, tmp_path)
     assert len(problems) == len(expected), problems
     for fragment in expected:
         assert sum(fragment in line for line in problems) == 1, (fragment, problems)
-    # The second job 'c' is no duplicate: the first one was refused, so never taken.
-    assert not any("same name" in line for line in problems)
 
 
 def test_every_job_the_library_refuses_is_reported_at_once(workdir: Path) -> None:
@@ -661,6 +662,42 @@ def test_every_job_the_library_refuses_is_reported_at_once(workdir: Path) -> Non
     assert len(problems) == len(names), problems
     for name, line in zip(names, problems, strict=True):
         assert line.startswith(f"{config_path(workdir)}: job {name!r}: "), line
+
+
+def test_each_problem_of_a_job_or_section_is_reported_whatever_the_others(
+    workdir: Path,
+) -> None:
+    text = (
+        '[scheduler]\ntimezone = "Mars/Base"\n\n'
+        + job(
+            'weekly = "funday"\novrlap = "skip"\novershoot = 1\noverlap = "sometimes"\n' + TASK,
+            "weekly",
+        )
+        + job(
+            'cron = "61 * * * *"\ntz = "Nowhere/Land"\ncommand = ["replicron-no-such-program"]\n',
+            "cron",
+        )
+        + '[[job]]\ncommand = ["true"]\n\n'
+        + job('cron = "0 * * * *"\ntz = "Nowhere/Land"\n' + TASK, "zone")
+    )
+    problems = problems_of(text, workdir)
+    expected = [
+        "[scheduler]: unknown time zone 'Mars/Base'",
+        "job 'weekly': unknown option 'ovrlap'",
+        "job 'weekly': unknown option 'overshoot'",
+        "job 'weekly': overlap: must be one of 'skip', 'queue', 'allow', not 'sometimes'",
+        "job 'weekly': weekly: unknown weekday 'funday'",
+        "job 'cron': tz: unknown time zone 'Nowhere/Land'",
+        "job 'cron': cron: '61' is out of range 0-59 in the minute field",
+        "job 'cron': command: 'replicron-no-such-program' is not found on PATH",
+        "job #3: needs a name",
+        "job #3: needs exactly one of cron, every",
+        "job 'zone': tz: unknown time zone 'Nowhere/Land'",
+    ]
+    assert_one_line_each(problems, workdir)
+    assert len(problems) == len(expected), problems
+    for fragment in expected:
+        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
 
 
 def test_a_valid_config_has_no_problems(workdir: Path) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -86,10 +87,13 @@ def make_scheduler(settings: SchedulerConfig, backend: Backend | None) -> AsyncS
     )
 
 
-async def validate(config: DaemonConfig) -> list[str]:
+async def validate(
+    config: DaemonConfig, broken_fields: Mapping[str, frozenset[str]] | None = None
+) -> list[str]:
     """Every problem of ``config`` the library finds when its jobs are added (triggers, time
-    zones, options, programs, imports, arguments), one line each; nothing is started."""
-    problems, _ = await preview(config, 0)
+    zones, options, programs, imports, arguments), one line each; nothing is started. The
+    jobs in ``broken_fields`` are checked as :func:`add_jobs` says."""
+    problems, _ = await preview(config, 0, broken_fields)
     return problems
 
 
@@ -104,13 +108,15 @@ async def load_checked(
     except ConfigError as exc:
         problems = list(exc.problems)
         if exc.partial is not None:  # the jobs that parsed, checked as well: all in one go
-            problems += await validate(exc.partial)
+            problems += await validate(exc.partial, exc.broken_fields)
         return None, problems, {}
     problems, upcoming = await preview(config, count)
     return (None if problems else config), problems, upcoming
 
 
-async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str, list[datetime]]]:
+async def preview(
+    config: DaemonConfig, count: int, broken_fields: Mapping[str, frozenset[str]] | None = None
+) -> tuple[list[str], dict[str, list[datetime]]]:
     """:func:`validate`, and each job's next ``count`` fire times as a scheduler plans them."""
     if config.scheduler.database_url:
         try:
@@ -126,15 +132,17 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
             conninfo_of(config.scheduler.database_url)
         except ReplicronError as exc:
             return [f"{config.path}: [scheduler]: database_url: {mask_dsn(str(exc))}"], {}
+    problems = []
     try:
         scheduler = make_scheduler(config.scheduler, None)
-    except ReplicronError as exc:
-        return [f"{config.path}: [scheduler]: {exc}"], {}
+    except ReplicronError as exc:  # a time zone it does not know: its jobs are checked too
+        problems.append(f"{config.path}: [scheduler]: {exc}")
+        scheduler = make_scheduler(SchedulerConfig(leader=config.scheduler.leader), None)
     try:
         try:
-            problems = add_jobs(scheduler, config)
+            problems += add_jobs(scheduler, config, broken_fields)
         except RecursionError:
-            problems = [f"{config.path}: values nested too deeply"]
+            problems.append(f"{config.path}: values nested too deeply")
         if problems or not count:
             return problems, {}
         added = {j.name for j in scheduler.jobs()}
