@@ -20,8 +20,8 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
 
     try:
         build_scheduler(read_settings())
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), id="replicron.E001")]
+    except ImproperlyConfigured as exc:  # every problem found, one line each
+        return [checks.Error(line, id="replicron.E001") for line in str(exc).splitlines()]
     return []
 
 

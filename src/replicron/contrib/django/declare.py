@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from django.utils.module_loading import autodiscover_modules, import_string
 
+from replicron.errors import InvalidTimezoneError
 from replicron.scheduler import Scheduler
 from replicron.triggers import Trigger
 
@@ -55,30 +56,51 @@ def job(trigger: Trigger, /, *args: Any, **options: Any) -> Callable[[F], F]:
     return declare
 
 
-def declared_jobs(settings: ReplicronSettings) -> list[Declaration]:
+def declared_jobs(
+    settings: ReplicronSettings, problems: list[str] | None = None
+) -> list[Declaration]:
     """The jobs of ``settings["jobs"]``, then those declared with :func:`job` (the apps'
-    ``jobs.py`` imported first, unless ``autodiscover`` is off)."""
+    ``jobs.py`` imported first, unless ``autodiscover`` is off). A bad entry of
+    ``settings["jobs"]`` is left out, each of its problems added to ``problems`` (raised
+    together as ``ImproperlyConfigured`` when none is given)."""
     if settings.autodiscover:
         autodiscover_modules("jobs")
-    found = []
+    found: list[Declaration] = []
+    wrong: list[str] = []
     for at, entry in enumerate(settings.jobs):
-        key = f"settings.REPLICRON['jobs'][{at}]"
-        options = dict(entry)
-        path, trigger = options.pop("func", None), options.pop("trigger", None)
-        if not isinstance(path, str):
-            raise ImproperlyConfigured(f"{key}['func']: a dotted path is required, got {path!r}")
-        if not isinstance(trigger, Trigger):
-            raise ImproperlyConfigured(
-                f"{key}['trigger']: a replicron trigger is required (replicron.cron(...), "
-                f"replicron.every(...), ...), got {trigger!r}"
-            )
+        declared = _declaration_of(entry, f"settings.REPLICRON['jobs'][{at}]", wrong)
+        if declared is not None:
+            found.append(declared)
+    if problems is not None:
+        problems += wrong
+    elif wrong:
+        raise ImproperlyConfigured("\n".join(wrong))
+    return found + _declared
+
+
+def _declaration_of(entry: Mapping[str, Any], key: str, problems: list[str]) -> Declaration | None:
+    """The job of an entry of ``settings["jobs"]``, or ``None`` with each of its problems
+    added to ``problems``."""
+    options = dict(entry)
+    path, trigger = options.pop("func", None), options.pop("trigger", None)
+    func = None
+    if not isinstance(path, str):
+        problems.append(f"{key}['func']: a dotted path is required, got {path!r}")
+    else:
         try:
             func = import_string(path)
         except ImportError as exc:
-            raise ImproperlyConfigured(f"{key}['func']: cannot import {path!r}: {exc}") from exc
-        args = tuple(options.pop("args", ()))
-        found.append(Declaration(trigger, func, args, options, f"{key} ({path})"))
-    return found + _declared
+            problems.append(f"{key}['func']: cannot import {path!r}: {exc}")
+    if not isinstance(trigger, Trigger):
+        problems.append(
+            f"{key}['trigger']: a replicron trigger is required (replicron.cron(...), "
+            f"replicron.every(...), ...), got {trigger!r}"
+        )
+        return None
+    if func is None:
+        return None
+    args = tuple(options.pop("args", ()))
+    return Declaration(trigger, func, args, options, f"{key} ({path})")
 
 
 def with_fresh_connections(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,15 +121,20 @@ def with_fresh_connections(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
-    """A scheduler with the project's backend, options and jobs, not started. A job that
-    cannot be added raises ``ImproperlyConfigured`` naming it and where it was declared."""
+    """A scheduler with the project's backend, options and jobs, not started. Every problem
+    of its options and jobs is raised together as ``ImproperlyConfigured``, one line each,
+    each naming the job and where it was declared."""
     options: dict[str, Any] = {"timezone": settings.timezone, **settings.scheduler, **overrides}
     backend = make_backend(settings)
+    problems: list[str] = []
     try:
         scheduler = Scheduler(backend=backend, **options)
     except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"settings.REPLICRON['scheduler']: {exc}") from exc
-    for declared in declared_jobs(settings):
+        given_zone = isinstance(exc, InvalidTimezoneError) and "timezone" not in settings.scheduler
+        key = "timezone" if given_zone else "scheduler"
+        problems.append(f"settings.REPLICRON[{key!r}]: {exc}")
+        scheduler = Scheduler(backend=backend)  # for the jobs to be checked all the same
+    for declared in declared_jobs(settings, problems):
         options = dict(declared.options)
         try:
             scheduler.add_job(
@@ -115,5 +142,7 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
                 **options,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"{declared.origin}: {exc}") from exc
+            problems += [f"{declared.origin}: {line}" for line in str(exc).splitlines()]
+    if problems:
+        raise ImproperlyConfigured("\n".join(problems))
     return scheduler
