@@ -22,6 +22,15 @@ from tests.faults.pooler import PgBouncers
 pytestmark = pytest.mark.timeout(120)
 
 
+def refusal_at_start(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a process that could not start (exit status 1) saying why."""
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    [line] = [line for line in said.splitlines() if "cannot start" in line]
+    assert "PostgresBackend" not in line, line  # no Python for a user of another surface
+    return line
+
+
 def test_python_is_told_the_keyword_arguments(db: Database, pgbouncers: PgBouncers) -> None:
     async def refusal() -> str:
         backend = PostgresBackend(pgbouncers["transaction"].dsn(db.name))
@@ -50,20 +59,14 @@ def test_the_daemon_is_told_its_toml_keys(
         [sys.executable, "-m", "replicron", "run", str(config)], cwd=tmp_path, env=environ,
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    said = done.stdout + done.stderr
-    assert done.returncode == 1, said
-    [line] = [line for line in said.splitlines() if "cannot start" in line]
+    line = refusal_at_start(done)
     assert 'coordination = "lease" in [scheduler]' in line, line
     assert "session_pooler = true in [scheduler]" in line, line
-    assert "PostgresBackend" not in line, line
 
 
 def test_django_is_told_its_replicron_keys(db: Database, pgbouncers: PgBouncers) -> None:
     project = Project(pgbouncers["transaction"].dsn(db.name))
     done = project.manage("replicron", "run")
-    said = done.stdout + done.stderr
-    assert done.returncode == 1, said
-    [line] = [line for line in said.splitlines() if "cannot start" in line]
+    line = refusal_at_start(done)
     assert "settings.REPLICRON['coordination'] = 'lease'" in line, line
     assert "'session_pooler': True in settings.REPLICRON['backend_options']" in line, line
-    assert "PostgresBackend" not in line, line

@@ -97,6 +97,14 @@ def assert_one_line_each(problems: list[str], where: Path) -> None:
         assert "Traceback" not in line
 
 
+def assert_each_once(problems: list[str], expected: list[str], where: Path) -> None:
+    """One line per problem, and each of ``expected`` in exactly one of them."""
+    assert_one_line_each(problems, where)
+    assert len(problems) == len(expected), problems
+    for fragment in expected:
+        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
+
+
 def job(body: str, name: str = "j") -> str:
     return f'[[job]]\nname = "{name}"\n{body}'
 
@@ -640,10 +648,7 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
         "job 'c': env: ${UNSET} is not set in the environment",
         "job 'c': a second job has the same name",  # the first's problems do not hide it
     ]
-    assert_one_line_each(problems, tmp_path)
-    assert len(problems) == len(expected), problems
-    for fragment in expected:
-        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
+    assert_each_once(problems, expected, tmp_path)
 
 
 def test_every_job_the_library_refuses_is_reported_at_once(workdir: Path) -> None:
@@ -694,10 +699,7 @@ def test_each_problem_of_a_job_or_section_is_reported_whatever_the_others(
         "job #3: needs exactly one of cron, every",
         "job 'zone': tz: unknown time zone 'Nowhere/Land'",
     ]
-    assert_one_line_each(problems, workdir)
-    assert len(problems) == len(expected), problems
-    for fragment in expected:
-        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
+    assert_each_once(problems, expected, workdir)
 
 
 def test_a_valid_config_has_no_problems(workdir: Path) -> None:
