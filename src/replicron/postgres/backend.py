@@ -276,7 +276,8 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         if not leased:
             try:  # after the connect: a transaction pooler gets its own, clearer refusal
                 await check_advisory_locks(
-                    lambda: open_probe_session(self.conninfo, self.connect_timeout)
+                    lambda: open_probe_session(self.conninfo, self.connect_timeout),
+                    lease_setting=self.setting_names.lease,
                 )
             except BaseException:
                 await session.close()
