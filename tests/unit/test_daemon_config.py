@@ -1104,8 +1104,16 @@ def test_a_one_time_job_in_the_past_does_not_stop_the_daemon(tmp_path: Path) -> 
         ('daily = "03:00"\nat = "04:00"\n', "at"),
         ('daily = "03:00"\nseconds = true\n', "seconds"),
         ('every = "1m"\ntz = "Europe/Paris"\n', "tz"),
+        ('every = "1m"\ntz = "Nowhere/Land"\n', "tz"),  # one line: the zone is not read
     ],
-    ids=["jitter-on-cron", "at-on-every", "at-on-daily", "seconds-on-daily", "tz-on-every"],
+    ids=[
+        "jitter-on-cron",
+        "at-on-every",
+        "at-on-daily",
+        "seconds-on-daily",
+        "tz-on-every",
+        "unknown-tz-on-every",
+    ],
 )
 def test_an_option_the_trigger_does_not_use_is_a_problem(
     body: str, option: str, tmp_path: Path

@@ -355,6 +355,7 @@ class _Reader:
                 self.problems.append(f"{where}: unknown option {key!r}{_suggest(key, _JOB_KEYS)}")
         values: dict[str, Any] = {"name": name}
         triggers = [key for key in TRIGGER_KEYS if key in raw]
+        unused: set[str] = set()
         if len(triggers) != 1:
             said = "has " + " and ".join(triggers) if triggers else "has none"
             self.problems.append(
@@ -369,6 +370,7 @@ class _Reader:
                         f"{where}: {key}: applies to {' and '.join(kinds)} jobs, not to "
                         f"{triggers[0]} (remove it)"
                     )
+                    unused.add(key)  # nor read: its value would only add a second line
             try:
                 values["schedule"] = self.expanded(raw[triggers[0]])
             except ValueProblem as exc:
@@ -388,7 +390,7 @@ class _Reader:
                     )
         broken = set()
         for key, value in raw.items():
-            if key in ("name", *TRIGGER_KEYS) or key not in _JOB_KEYS:
+            if key in ("name", *TRIGGER_KEYS, *unused) or key not in _JOB_KEYS:
                 continue
             label = f"{where}: {key}"
             try:
