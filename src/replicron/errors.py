@@ -84,17 +84,24 @@ class UntrustedAdvisoryLocksError(ConfigurationError):
 
     ``server`` names the server when its version string does (``"CockroachDB"``,
     ``"YugabyteDB"``, else the start of the version string, or ``None``); ``observed`` says
-    what the locks did.
+    what the locks did; ``lease_setting``, how the user sets lease mode where they configure
+    replicron.
     """
 
-    def __init__(self, observed: str, server: str | None = None) -> None:
+    def __init__(
+        self,
+        observed: str,
+        server: str | None = None,
+        *,
+        lease_setting: str = 'PostgresBackend(..., coordination="lease")',
+    ) -> None:
         self.observed = observed
         self.server = server
         where = f"on {server}" if server else "on this server"
         super().__init__(
             f"session advisory locks cannot be trusted {where}: {observed}. The default "
             'coordination ("advisory") relies on them; use lease mode instead: '
-            'PostgresBackend(..., coordination="lease").'
+            f"{lease_setting}."
         )
 
 

@@ -55,6 +55,25 @@ def test_a_failing_command_job_posts_one_alert_and_pings_start_then_fail(
     assert "0f1e-uuid" not in daemon.log()
 
 
+@pytest.mark.parametrize("backend", ["embedded", "postgres"])
+def test_an_alert_comes_on_the_defaults_without_a_replica_id(
+    daemons: Daemons, receiver: Receiver, backend: str, request: pytest.FixtureRequest
+) -> None:
+    # As the docs show it: no replica_id (the daemon makes one up), no namespace, the
+    # embedded state directory where the daemon starts, or a database_url.
+    settings = {"database_url": request.getfixturevalue("dsn")} if backend == "postgres" else {}
+    job = {"name": "broken", "every": "1s", "max_runs": 1, "command": ["sh", "-c", "exit 3"]}
+    text = config_text(settings, [job]) + f"\n[notify]\nurl = {toml(receiver.url())}\n"
+    daemon = daemons.start("d1", text)
+    daemon.wait_log("started replica", 30)
+    [alert] = receiver.wait_for(1, 30)
+    code, _ = daemon.stop(20)
+    assert code == 0, daemon.log()
+    body = alert.json()
+    assert (body["event"], body["job"]) == ("failed", "broken"), body
+    assert body["replica"].endswith(f":{daemon.pid}"), body  # the id made up: host:pid
+
+
 def test_hung_endpoints_delay_no_run_a_reload_or_the_stop(
     daemons: Daemons, receiver: Receiver
 ) -> None:

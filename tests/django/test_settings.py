@@ -111,3 +111,24 @@ def test_the_password_never_shows(project: Project) -> None:
     assert failed.stderr.startswith("CommandError: cannot start: "), failed.stderr
     assert "no_such_db" in failed.stderr
     assert "s3cret-pw" not in failed.stdout + failed.stderr
+
+
+def test_the_check_lists_every_problem_of_every_job_at_once(project: Project) -> None:
+    jobs = [{"func": 3}, {"func": "reports.jobs.nowhere", "trigger": None}]
+    done = project.manage(
+        "check", EXAMPLE_BROKEN_JOB="1",
+        REPLICRON_OVERRIDE=json.dumps({"timezone": "Mars/Base", "jobs": jobs}),
+    )  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if "(replicron.E001)" in line]
+    expected = [
+        "settings.REPLICRON['timezone']: unknown time zone 'Mars/Base'",
+        "settings.REPLICRON['jobs'][0]['func']: a dotted path is required, got 3",
+        "settings.REPLICRON['jobs'][0]['trigger']: a replicron trigger is required",
+        "settings.REPLICRON['jobs'][1]['func']: cannot import 'reports.jobs.nowhere'",
+        "settings.REPLICRON['jobs'][1]['trigger']: a replicron trigger is required",
+        "reports.jobs.broken: job 'broken': timeout must be positive, not -1",
+    ]
+    assert done.returncode == 1, done.stderr
+    assert len(errors) == len(expected), done.stderr
+    for fragment in expected:
+        assert sum(fragment in line for line in errors) == 1, (fragment, done.stderr)

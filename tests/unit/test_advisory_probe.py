@@ -129,6 +129,15 @@ def test_cockroachdb_is_refused_by_name() -> None:
     assert {(n, f) for n, f, _ in server.calls if f == "unlock"} == {(0, "unlock"), (1, "unlock")}
 
 
+def test_lease_mode_is_named_as_the_code_that_built_the_backend_sets_it() -> None:
+    toml = 'coordination = "lease" in [scheduler]'
+    server = FakeServer(COCKROACH, "always")
+    with pytest.raises(UntrustedAdvisoryLocksError) as caught:
+        asyncio.run(check_advisory_locks(server.open, lease_setting=toml))
+    assert toml in str(caught.value)
+    assert "PostgresBackend" not in str(caught.value)
+
+
 def test_yugabytedb_with_advisory_locks_disabled_is_refused() -> None:
     server = FakeServer(YUGABYTE, "disabled")
     error = refusal(server)

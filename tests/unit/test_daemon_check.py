@@ -310,6 +310,22 @@ BAD = [
         ["[scheduler]: unknown time zone 'Mars/Base'"],
         id="timezone",
     ),
+    pytest.param(
+        '[scheduler]\ntimezone = "Mars/Base"\n'
+        '[[job]]\nname = "a"\nweekly = "funday"\noverlap = "sometimes"\ncommand = ["true"]\n'
+        '[[job]]\nname = "b"\ncron = "61 * * * *"\ntz = "Nowhere/Land"\ncommand = ["true"]\n'
+        '[[job]]\ncommand = ["true"]\n',
+        [
+            "job 'a': overlap: must be one of 'skip', 'queue', 'allow', not 'sometimes'",
+            "job #3: needs a name",
+            "job #3: needs exactly one of cron, every, after, between, daily, weekly, monthly",
+            "[scheduler]: unknown time zone 'Mars/Base'",
+            "job 'a': weekly: unknown weekday 'funday'",
+            "job 'b': tz: unknown time zone 'Nowhere/Land'",
+            "job 'b': cron: '61' is out of range 0-59 in the minute field",
+        ],
+        id="each-field",
+    ),
 ]
 
 

@@ -6,6 +6,7 @@ a scheduler's loop, sleeps, or touches the network."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import itertools
 import os
@@ -14,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,7 +23,13 @@ import pytest
 from replicron.daemon import ConfigError, DaemonConfig, JobConfig, check_config
 from replicron.daemon._build import make_trigger, options_of
 from replicron.daemon._daemon import make_backend, make_scheduler, preview, validate
-from replicron.daemon.config import load_config, parse_config
+from replicron.daemon.config import (
+    SchedulerConfig,
+    load_config,
+    parse_config,
+    restarted_settings_kept,
+    with_replica_id,
+)
 from replicron.postgres import PostgresBackend
 from replicron.triggers import after, upcoming
 
@@ -57,7 +65,7 @@ def config_path(where: Path) -> str:
 
 def problems_of(text: str, where: Path, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every problem ``replicron check`` would report for ``text`` (``@TMP@`` stands for
-    ``where``): the parser's, else the library's when the jobs are added."""
+    ``where``): the parser's, then the library's when the jobs that parsed are added."""
     text = text.replace("@TMP@", str(where))
     try:
         config = parse_config(text, config_path(where), {} if environ is None else environ)
@@ -66,7 +74,9 @@ def problems_of(text: str, where: Path, environ: Mapping[str, str] | None = None
     else:
         return asyncio.run(validate(config))
     assert str(error) == "\n".join(error.problems)
-    return error.problems
+    if error.partial is None:  # not TOML: nothing was read
+        return error.problems
+    return error.problems + asyncio.run(validate(error.partial, error.broken_fields))
 
 
 def parsed(text: str, environ: Mapping[str, str] | None = None) -> DaemonConfig:
@@ -85,6 +95,14 @@ def assert_one_line_each(problems: list[str], where: Path) -> None:
         assert "\r" not in line, line
         assert line.startswith(config_path(where) + ": "), line
         assert "Traceback" not in line
+
+
+def assert_each_once(problems: list[str], expected: list[str], where: Path) -> None:
+    """One line per problem, and each of ``expected`` in exactly one of them."""
+    assert_one_line_each(problems, where)
+    assert len(problems) == len(expected), problems
+    for fragment in expected:
+        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
 
 
 def job(body: str, name: str = "j") -> str:
@@ -628,13 +646,9 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
         "job 'b': max_runs: must be a whole number of at least 1, not 0",
         "job 'c': timeout: must be longer than 0, not '0s'",
         "job 'c': env: ${UNSET} is not set in the environment",
+        "job 'c': a second job has the same name",  # the first's problems do not hide it
     ]
-    assert_one_line_each(problems, tmp_path)
-    assert len(problems) == len(expected), problems
-    for fragment in expected:
-        assert sum(fragment in line for line in problems) == 1, (fragment, problems)
-    # The second job 'c' is no duplicate: the first one was refused, so never taken.
-    assert not any("same name" in line for line in problems)
+    assert_each_once(problems, expected, tmp_path)
 
 
 def test_every_job_the_library_refuses_is_reported_at_once(workdir: Path) -> None:
@@ -653,6 +667,39 @@ def test_every_job_the_library_refuses_is_reported_at_once(workdir: Path) -> Non
     assert len(problems) == len(names), problems
     for name, line in zip(names, problems, strict=True):
         assert line.startswith(f"{config_path(workdir)}: job {name!r}: "), line
+
+
+def test_each_problem_of_a_job_or_section_is_reported_whatever_the_others(
+    workdir: Path,
+) -> None:
+    text = (
+        '[scheduler]\ntimezone = "Mars/Base"\n\n'
+        + job(
+            'weekly = "funday"\novrlap = "skip"\novershoot = 1\noverlap = "sometimes"\n' + TASK,
+            "weekly",
+        )
+        + job(
+            'cron = "61 * * * *"\ntz = "Nowhere/Land"\ncommand = ["replicron-no-such-program"]\n',
+            "cron",
+        )
+        + '[[job]]\ncommand = ["true"]\n\n'
+        + job('cron = "0 * * * *"\ntz = "Nowhere/Land"\n' + TASK, "zone")
+    )
+    problems = problems_of(text, workdir)
+    expected = [
+        "[scheduler]: unknown time zone 'Mars/Base'",
+        "job 'weekly': unknown option 'ovrlap'",
+        "job 'weekly': unknown option 'overshoot'",
+        "job 'weekly': overlap: must be one of 'skip', 'queue', 'allow', not 'sometimes'",
+        "job 'weekly': weekly: unknown weekday 'funday'",
+        "job 'cron': tz: unknown time zone 'Nowhere/Land'",
+        "job 'cron': cron: '61' is out of range 0-59 in the minute field",
+        "job 'cron': command: 'replicron-no-such-program' is not found on PATH",
+        "job #3: needs a name",
+        "job #3: needs exactly one of cron, every",
+        "job 'zone': tz: unknown time zone 'Nowhere/Land'",
+    ]
+    assert_each_once(problems, expected, workdir)
 
 
 def test_a_valid_config_has_no_problems(workdir: Path) -> None:
@@ -849,6 +896,41 @@ def test_defaults() -> None:
     assert parsed_job.timeout is None
 
 
+# ---- the config as the daemon keeps it -------------------------------------------------------
+
+
+def every_field_set() -> DaemonConfig:
+    """A config whose every field (and every scheduler setting) holds a value of its own, so
+    that a step which rebuilds the config and forgets a field, present or future, is seen."""
+
+    def filled(kind: type[Any], **given: object) -> Any:
+        return kind(**{f.name: given.get(f.name, object()) for f in dataclasses.fields(kind)})
+
+    return filled(DaemonConfig, scheduler=filled(SchedulerConfig))  # type: ignore[no-any-return]
+
+
+def assert_same_but(made: object, original: object, changed: dict[str, object]) -> None:
+    for field in dataclasses.fields(original):  # type: ignore[arg-type]
+        expected = changed.get(field.name, getattr(original, field.name))
+        assert getattr(made, field.name) is expected, field.name
+
+
+def test_the_replica_id_the_daemon_makes_up_keeps_every_other_setting() -> None:
+    config = every_field_set()
+    made = with_replica_id(config, "host:42")
+    assert_same_but(made, config, {"scheduler": made.scheduler})
+    assert_same_but(made.scheduler, config.scheduler, {"replica_id": "host:42"})
+
+
+def test_a_reload_keeps_the_restart_only_settings_and_takes_every_other_field() -> None:
+    running, reloaded = every_field_set(), every_field_set()
+    restart_only = ("timezone", "replica_id")
+    applied = restarted_settings_kept(running, reloaded, restart_only)
+    assert_same_but(applied, reloaded, {"scheduler": applied.scheduler})
+    kept = {key: getattr(running.scheduler, key) for key in restart_only}
+    assert_same_but(applied.scheduler, reloaded.scheduler, kept)
+
+
 # ---- every kind of trigger builds --------------------------------------------------------------
 
 AFTER = datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC)  # a Tuesday
@@ -1022,8 +1104,16 @@ def test_a_one_time_job_in_the_past_does_not_stop_the_daemon(tmp_path: Path) -> 
         ('daily = "03:00"\nat = "04:00"\n', "at"),
         ('daily = "03:00"\nseconds = true\n', "seconds"),
         ('every = "1m"\ntz = "Europe/Paris"\n', "tz"),
+        ('every = "1m"\ntz = "Nowhere/Land"\n', "tz"),  # one line: the zone is not read
     ],
-    ids=["jitter-on-cron", "at-on-every", "at-on-daily", "seconds-on-daily", "tz-on-every"],
+    ids=[
+        "jitter-on-cron",
+        "at-on-every",
+        "at-on-daily",
+        "seconds-on-daily",
+        "tz-on-every",
+        "unknown-tz-on-every",
+    ],
 )
 def test_an_option_the_trigger_does_not_use_is_a_problem(
     body: str, option: str, tmp_path: Path

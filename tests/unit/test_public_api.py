@@ -139,6 +139,7 @@ EXPECTED = {
         "MixedModesError",
         "PostgresBackend",
         "ReplicaStatus",
+        "SettingNames",
         "TransactionPoolerError",
         "UntrustedAdvisoryLocksError",
         "alocked_run",

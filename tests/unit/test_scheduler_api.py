@@ -226,3 +226,25 @@ def test_a_more_urgent_reason_replaces_a_milder_one_and_never_the_reverse() -> N
     plain = RunContext("job", START, 2, "r1", None)
     plain.cancel()  # asked to stop without a reason: it stops, and says none
     assert (plain.cancelled.is_set(), plain.cancel_reason) == (True, None)
+
+
+def test_every_problem_of_a_job_is_raised_at_once_one_line_each() -> None:
+    def task(region: str) -> None:
+        pass
+
+    scheduler = Scheduler()
+    with pytest.raises(InvalidJobOptionError) as raised:
+        scheduler.add_job(
+            every(minutes=5), task, name="report", overlap="sometimes",  # type: ignore[arg-type]
+            catch_up="never", timeout=-1, max_runs=0,  # type: ignore[arg-type]
+        )  # fmt: skip
+    arguments, *options = str(raised.value).splitlines()
+    assert arguments.startswith("job 'report': arguments do not fit task("), arguments
+    assert arguments.endswith("missing a required argument: 'region'"), arguments
+    assert options == [
+        "job 'report': overlap must be one of skip, queue, allow, not 'sometimes'",
+        "job 'report': catch_up must be one of latest, none, all, not 'never'",
+        "job 'report': max_runs must be a whole number of at least 1, not 0",
+        "job 'report': timeout must be positive, not -1",
+    ]
+    assert scheduler.jobs() == []

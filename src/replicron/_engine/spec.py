@@ -7,10 +7,15 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
-from typing import Any
+from typing import Any, TypeVar
 
 from replicron._schedule.durations import as_duration
-from replicron.errors import InvalidJobArgumentsError, InvalidJobNameError, InvalidJobOptionError
+from replicron.errors import (
+    InvalidJobArgumentsError,
+    InvalidJobNameError,
+    InvalidJobOptionError,
+    ReplicronError,
+)
 from replicron.keys import check_job_name
 from replicron.triggers import (
     IntervalTrigger,
@@ -28,6 +33,7 @@ _OVERLAP = ("skip", "queue", "allow")
 _NO_TAGS: frozenset[str] = frozenset()
 _KNOWN_TRIGGERS = (WallClockTrigger, IntervalTrigger, OneTimeTrigger)
 _CATCH_UP = ("latest", "none", "all")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,43 +85,61 @@ def build_job_spec(
     default_tz: tzinfo,
     leader: bool | None = None,
 ) -> JobSpec:
-    """Validate every part of a job; errors name the job and the field."""
+    """Validate every part of a job; errors name the job and the field. Every problem is
+    found, whatever the others: several are raised together, one line each."""
     if not callable(func):
         raise InvalidJobOptionError(f"job function must be callable, not {func!r}")
     job = _job_name(name, func)
+    problems: list[ReplicronError] = []
 
-    def bad(field_name: str, reason: str) -> InvalidJobOptionError:
-        return InvalidJobOptionError(f"job {job!r}: {field_name} {reason}")
+    def bad(field_name: str, reason: str) -> None:
+        problems.append(InvalidJobOptionError(f"job {job!r}: {field_name} {reason}"))
+
+    def checked(value_of: Callable[[], _T]) -> _T | None:
+        """``value_of()``, or ``None`` with its problem noted."""
+        try:
+            return value_of()
+        except (InvalidJobArgumentsError, InvalidJobOptionError) as exc:
+            problems.append(exc)
+            return None
 
     # The concrete classes first: a runtime Protocol check costs tens of microseconds.
     if not isinstance(trigger, _KNOWN_TRIGGERS) and not isinstance(trigger, Trigger):
-        raise bad("trigger", f"must be a trigger such as cron(...) or every(...), not {trigger!r}")
+        bad("trigger", f"must be a trigger such as cron(...) or every(...), not {trigger!r}")
     if isinstance(trigger, WallClockTrigger):
         trigger = trigger.with_default_timezone(default_tz)
     if isinstance(trigger, IntervalTrigger) and not trigger.key:
         trigger = trigger.for_job(job)
-    _bind(job, func, args, kwargs)
-    _refuse_generators(job, func)
+    checked(lambda: _bind(job, func, args, kwargs))
+    checked(lambda: _refuse_generators(job, func))
     if overlap not in _OVERLAP:
-        raise bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
+        bad("overlap", f"must be one of {', '.join(_OVERLAP)}, not {overlap!r}")
     if catch_up not in _CATCH_UP:
-        raise bad("catch_up", f"must be one of {', '.join(_CATCH_UP)}, not {catch_up!r}")
+        bad("catch_up", f"must be one of {', '.join(_CATCH_UP)}, not {catch_up!r}")
     if leader is not None and not isinstance(leader, bool):
-        raise bad("leader", f"must be True, False or None (the scheduler's), not {leader!r}")
+        bad("leader", f"must be True, False or None (the scheduler's), not {leader!r}")
     if max_runs is not None and (
         isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
     ):
-        raise bad("max_runs", f"must be a whole number of at least 1, not {max_runs!r}")
+        bad("max_runs", f"must be a whole number of at least 1, not {max_runs!r}")
+    aware = True
     for label, instant in (("start_at", start_at), ("stop_at", stop_at)):
         if instant is not None:
             try:
                 require_aware(instant, label)
             except (TypeError, ValueError) as exc:
-                raise bad(label, str(exc)) from None
-    if start_at is not None and isinstance(trigger, IntervalTrigger):
+                bad(label, str(exc))
+                aware = False
+    if aware and start_at is not None and isinstance(trigger, IntervalTrigger):
         trigger = trigger.with_default_anchor(start_at)  # intervals count from start_at
-    if start_at is not None and stop_at is not None and stop_at <= start_at:
-        raise bad("stop_at", f"{stop_at.isoformat()} is not after start_at {start_at.isoformat()}")
+    if aware and start_at is not None and stop_at is not None and stop_at <= start_at:
+        bad("stop_at", f"{stop_at.isoformat()} is not after start_at {start_at.isoformat()}")
+    job_tags = checked(lambda: _tags(job, tags))
+    run_timeout = checked(lambda: _duration(job, "timeout", timeout, allow_zero=False))
+    grace = checked(lambda: _duration(job, "misfire_grace", misfire_grace, allow_zero=True))
+    if problems:
+        raise _together(problems)
+    assert job_tags is not None
     return JobSpec(
         name=job,
         trigger=trigger,
@@ -123,16 +147,27 @@ def build_job_spec(
         args=tuple(args),
         kwargs=dict(kwargs),
         is_async=_is_async(func),
-        tags=_tags(job, tags),
+        tags=job_tags,
         overlap=overlap,  # type: ignore[arg-type]
-        timeout=_duration(job, "timeout", timeout, allow_zero=False),
+        timeout=run_timeout,
         start_at=start_at,
         stop_at=stop_at,
         max_runs=max_runs,
         catch_up=catch_up,  # type: ignore[arg-type]
-        misfire_grace=_duration(job, "misfire_grace", misfire_grace, allow_zero=True),
+        misfire_grace=grace,
         leader=leader,
     )
+
+
+def _together(problems: list[ReplicronError]) -> ReplicronError:
+    """One error for a job's ``problems``: the problem itself when it is alone, else one
+    line each, of their kind when they share one."""
+    if len(problems) == 1:
+        return problems[0]
+    kind = type(problems[0])
+    if not all(type(problem) is kind for problem in problems):
+        kind = InvalidJobOptionError
+    return kind("\n".join(str(problem) for problem in problems))
 
 
 def _job_name(name: str | None, func: Callable[..., Any]) -> str:

@@ -16,7 +16,14 @@ from zoneinfo import ZoneInfo
 from ._daemon import Daemon, load_checked
 from ._logs import setup_logging
 from .command import CommandFailed, CommandTask
-from .config import ConfigError, DaemonConfig, JobConfig, SchedulerConfig, load_config
+from .config import (
+    ConfigError,
+    DaemonConfig,
+    JobConfig,
+    SchedulerConfig,
+    load_config,
+    with_replica_id,
+)
 
 __all__ = [
     "CommandFailed",
@@ -56,13 +63,9 @@ def run_daemon(path: str) -> int:
     settings = config.scheduler
     replica = settings.replica_id or f"{socket.gethostname()}:{os.getpid()}"
     if settings.replica_id is None:
-        config = DaemonConfig(config.path, _with_replica(settings, replica), config.jobs)
+        config = with_replica_id(config, replica)
     setup_logging(settings.log_level, settings.log_format, replica)
     return asyncio.run(Daemon(config, early).run())
-
-
-def _with_replica(settings: SchedulerConfig, replica: str) -> SchedulerConfig:
-    return SchedulerConfig(**{**settings.__dict__, "replica_id": replica})
 
 
 def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:

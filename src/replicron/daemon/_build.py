@@ -4,11 +4,12 @@ and the daemon find the same problems before anything runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -150,21 +151,41 @@ def _import(target: str, config_dir: str) -> Callable[..., Any]:
     return found  # type: ignore[no-any-return]
 
 
-def add_jobs(scheduler: AsyncScheduler, config: DaemonConfig) -> list[str]:
-    """Add every job of ``config`` to ``scheduler``; returns one line per job that could not be
-    added (the rest are added)."""
+#: The fields a job's trigger and its task are made of, besides the trigger's own key.
+_TRIGGER_FIELDS = frozenset({"seconds", "at", "tz", "jitter"})
+_TASK_FIELDS = frozenset({"command", "call", "args", "kwargs", "env", "cwd", "shell", "kill_grace"})
+
+
+def add_jobs(
+    scheduler: AsyncScheduler,
+    config: DaemonConfig,
+    broken_fields: Mapping[str, frozenset[str]] | None = None,
+) -> list[str]:
+    """Add every job of ``config`` to ``scheduler``; returns one line per problem of the jobs
+    that could not be added (the rest are added). A job named in ``broken_fields`` (fields
+    that had a problem when read) is only checked: its trigger and its task, each unless
+    it is made of a broken field."""
     problems = []
     config_dir = os.path.dirname(os.path.abspath(config.path))
     for job in config.jobs:
+        broken = (broken_fields or {}).get(job.name)
         try:
-            add_job(scheduler, job, config_dir)
+            if broken is None:
+                add_job(scheduler, job, config_dir)
+            else:
+                trigger, task = not broken & _TRIGGER_FIELDS, not broken & _TASK_FIELDS
+                _checked_parts(job, config_dir, trigger=trigger, task=task)
         except JobProblem as exc:
-            problems.append(f"{config.path}: job {job.name!r}: {exc}")
+            problems += [f"{config.path}: job {job.name!r}: {line}" for line in exc.lines]
     return problems
 
 
 class JobProblem(ValueError):
-    """Why a job cannot be added; the message follows "job 'name': "."""
+    """Why a job cannot be added: ``lines``, one per problem, each following "job 'name': "."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
 
 
 def add_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> None:
@@ -190,19 +211,47 @@ def update_job(scheduler: AsyncScheduler, job: JobConfig, config_dir: str) -> No
 
 
 def _parts(job: JobConfig, config_dir: str) -> tuple[Trigger, Task]:
-    """The job's trigger and task, or a :class:`JobProblem` saying which is wrong."""
+    """The job's trigger and task, or a :class:`JobProblem` saying what is wrong with
+    either, or with both."""
+    trigger, task = _checked_parts(job, config_dir, trigger=True, task=True)
+    assert trigger is not None
+    assert task is not None
+    return trigger, task
+
+
+def _checked_parts(
+    job: JobConfig, config_dir: str, *, trigger: bool, task: bool
+) -> tuple[Trigger | None, Task | None]:
+    """:func:`_parts`, with only the parts asked for (the others ``None``)."""
+    made, problems = _trigger(job) if trigger else (None, [])
+    try:
+        work = make_task(job, config_dir) if task else None
+    except (ValueProblem, ReplicronError) as exc:
+        problems += _unprefixed(exc, job.name)
+    if problems:
+        raise JobProblem(problems)
+    return made, work
+
+
+def _trigger(job: JobConfig) -> tuple[Trigger | None, list[str]]:
+    """The job's trigger, or the problems of its ``tz`` and of its trigger's value, each
+    found whatever the other's."""
+    problems = []
+    if job.tz is not None:
+        try:
+            daily("00:00", tz=job.tz)
+        except ReplicronError as exc:
+            problems += [f"tz: {line}" for line in _unprefixed(exc, job.name)]
+            job = dataclasses.replace(job, tz=None)
     try:
         trigger = make_trigger(job)
     except (ValueProblem, ReplicronError) as exc:
-        raise JobProblem(f"{job.trigger}: {_unprefixed(exc, job.name)}") from None
-    try:
-        return trigger, make_task(job, config_dir)
-    except (ValueProblem, ReplicronError) as exc:
-        raise JobProblem(_unprefixed(exc, job.name)) from None
+        problems += [f"{job.trigger}: {line}" for line in _unprefixed(exc, job.name)]
+    return (None, problems) if problems else (trigger, [])
 
 
-def _unprefixed(exc: Exception, name: str) -> str:
-    """The library's message without its "job 'name': " (the daemon's line has one)."""
-    text = str(exc)
+def _unprefixed(exc: Exception, name: str) -> list[str]:
+    """The library's problems (one a line) without their "job 'name': " (the daemon's line
+    has one)."""
     prefix = f"job {name!r}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
+    return [line.removeprefix(prefix) for line in str(exc).splitlines()]

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +24,13 @@ from replicron.web import status_app
 from ._build import JobProblem, add_job, add_jobs, update_job
 from ._http import Response, json_response, serve
 from ._notify_config import Alerts
-from .config import ConfigError, DaemonConfig, SchedulerConfig, load_config
+from .config import (
+    ConfigError,
+    DaemonConfig,
+    SchedulerConfig,
+    load_config,
+    restarted_settings_kept,
+)
 
 __all__ = ["Daemon", "load_checked", "make_scheduler", "preview", "validate"]
 
@@ -44,7 +51,8 @@ _RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_
 
 def make_backend(settings: SchedulerConfig) -> Backend:
     if settings.database_url:
-        from replicron.postgres import PostgresBackend  # the postgres extra, only when asked for
+        # the postgres extra, only when asked for
+        from replicron.postgres import PostgresBackend, SettingNames
 
         return PostgresBackend(
             settings.database_url,
@@ -56,6 +64,11 @@ def make_backend(settings: SchedulerConfig) -> Backend:
             stale_after=None
             if settings.stale_after is None
             else settings.stale_after.total_seconds(),
+            setting_names=SettingNames(
+                lease='coordination = "lease" in [scheduler] (or REPLICRON_COORDINATION=lease)',
+                session_pooler="session_pooler = true in [scheduler] "
+                "(or REPLICRON_SESSION_POOLER=true)",
+            ),
         )
     return EmbeddedBackend(settings.state_dir or ".replicron")
 
@@ -74,10 +87,13 @@ def make_scheduler(settings: SchedulerConfig, backend: Backend | None) -> AsyncS
     )
 
 
-async def validate(config: DaemonConfig) -> list[str]:
+async def validate(
+    config: DaemonConfig, broken_fields: Mapping[str, frozenset[str]] | None = None
+) -> list[str]:
     """Every problem of ``config`` the library finds when its jobs are added (triggers, time
-    zones, options, programs, imports, arguments), one line each; nothing is started."""
-    problems, _ = await preview(config, 0)
+    zones, options, programs, imports, arguments), one line each; nothing is started. The
+    jobs in ``broken_fields`` are checked as :func:`add_jobs` says."""
+    problems, _ = await preview(config, 0, broken_fields)
     return problems
 
 
@@ -92,13 +108,15 @@ async def load_checked(
     except ConfigError as exc:
         problems = list(exc.problems)
         if exc.partial is not None:  # the jobs that parsed, checked as well: all in one go
-            problems += await validate(exc.partial)
+            problems += await validate(exc.partial, exc.broken_fields)
         return None, problems, {}
     problems, upcoming = await preview(config, count)
     return (None if problems else config), problems, upcoming
 
 
-async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str, list[datetime]]]:
+async def preview(
+    config: DaemonConfig, count: int, broken_fields: Mapping[str, frozenset[str]] | None = None
+) -> tuple[list[str], dict[str, list[datetime]]]:
     """:func:`validate`, and each job's next ``count`` fire times as a scheduler plans them."""
     if config.scheduler.database_url:
         try:
@@ -114,15 +132,17 @@ async def preview(config: DaemonConfig, count: int) -> tuple[list[str], dict[str
             conninfo_of(config.scheduler.database_url)
         except ReplicronError as exc:
             return [f"{config.path}: [scheduler]: database_url: {mask_dsn(str(exc))}"], {}
+    problems = []
     try:
         scheduler = make_scheduler(config.scheduler, None)
-    except ReplicronError as exc:
-        return [f"{config.path}: [scheduler]: {exc}"], {}
+    except ReplicronError as exc:  # a time zone it does not know: its jobs are checked too
+        problems.append(f"{config.path}: [scheduler]: {exc}")
+        scheduler = make_scheduler(SchedulerConfig(leader=config.scheduler.leader), None)
     try:
         try:
-            problems = add_jobs(scheduler, config)
+            problems += add_jobs(scheduler, config, broken_fields)
         except RecursionError:
-            problems = [f"{config.path}: values nested too deeply"]
+            problems.append(f"{config.path}: values nested too deeply")
         if problems or not count:
             return problems, {}
         added = {j.name for j in scheduler.jobs()}
@@ -279,8 +299,8 @@ class Daemon:
                 "reload: %s changed; these take effect at the next restart",
                 ", ".join(ignored), extra={"event": "reload_restart_needed"},
             )  # fmt: skip
-        kept = {k: getattr(old.scheduler, k) for k in _RESTART_ONLY}
-        settings = SchedulerConfig(**{**new.scheduler.__dict__, **kept})
+        applied = restarted_settings_kept(old, new, _RESTART_ONLY)
+        settings = applied.scheduler
         config_dir = os.path.dirname(os.path.abspath(new.path))
         before = {job.name: job for job in old.jobs}
         after = {job.name: job for job in new.jobs}
@@ -308,7 +328,7 @@ class Daemon:
             logger.error("reload failed part way: %s", exc, extra={"event": "reload_failed"})
         if self._alerts is not None:
             await self._alerts.reload(new.notify, _pings(new))
-        self.config = DaemonConfig(new.path, settings, new.jobs, new.notify)
+        self.config = applied
         scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
         logger.info(

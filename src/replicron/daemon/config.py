@@ -4,6 +4,7 @@ so that a bad file is fixed in one go; nothing here imports a job's code or runs
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import tomllib
@@ -34,18 +35,29 @@ __all__ = [
     "SchedulerConfig",
     "load_config",
     "parse_config",
+    "restarted_settings_kept",
+    "with_replica_id",
 ]
 
 
 class ConfigError(ConfigurationError):
     """A daemon config that cannot run; ``problems`` holds one line per thing to fix."""
 
-    def __init__(self, problems: list[str], partial: DaemonConfig | None = None) -> None:
+    def __init__(
+        self,
+        problems: list[str],
+        partial: DaemonConfig | None = None,
+        broken_fields: Mapping[str, frozenset[str]] | None = None,
+    ) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
-        #: The settings and jobs that were read without a problem, for the library's checks
-        #: to find their problems too (a bad file is then fixed in one go).
+        #: The settings and the jobs that could be read (a field with a problem left at its
+        #: default), for the library's checks to find their problems too: a bad file is then
+        #: fixed in one go.
         self.partial = partial
+        #: Of the jobs in ``partial``, by name: the fields that had a problem. What depends
+        #: on them is not checked again (it would only repeat the problem).
+        self.broken_fields = dict(broken_fields or {})
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,21 @@ class DaemonConfig:
     scheduler: SchedulerConfig
     jobs: tuple[JobConfig, ...] = field(default=())
     notify: NotifyConfig | None = None
+
+
+def with_replica_id(config: DaemonConfig, replica_id: str) -> DaemonConfig:
+    """``config`` with ``replica_id`` as its replica's id, every other setting as it is."""
+    settings = dataclasses.replace(config.scheduler, replica_id=replica_id)
+    return dataclasses.replace(config, scheduler=settings)
+
+
+def restarted_settings_kept(
+    running: DaemonConfig, reloaded: DaemonConfig, restart_only: tuple[str, ...]
+) -> DaemonConfig:
+    """``reloaded`` with the ``restart_only`` settings of the ``running`` config: a reload
+    applies everything else, and those wait for the next restart."""
+    kept = {key: getattr(running.scheduler, key) for key in restart_only}
+    return dataclasses.replace(reloaded, scheduler=dataclasses.replace(reloaded.scheduler, **kept))
 
 
 #: Worker threads for ``call`` jobs at most (each is a thread, made when the daemon starts).
@@ -182,6 +209,7 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
         problems.append(f"{path}: jobs are written [[job]] (an array of tables), not [job]")
         raw_jobs = []
     seen: set[str] = set()
+    broken_fields: dict[str, frozenset[str]] = {}
     for index, raw in enumerate(raw_jobs, 1):
         job = reader.job(raw, index)
         if job is None:
@@ -190,12 +218,15 @@ def parse_config(text: str, path: str, environ: Mapping[str, str]) -> DaemonConf
             problems.append(f"{path}: job {job.name!r}: a second job has the same name")
             continue
         seen.add(job.name)
+        if reader.broken:
+            broken_fields[job.name] = reader.broken
         jobs.append(job)
     if not problems:  # a bad job table would make every name it lists look unknown
         named = {job.name: job.tags for job in jobs}
         check_alerted_jobs(notify, named, f"{path}: [notify]", problems)
     if problems:
-        raise ConfigError(problems, DaemonConfig(path, scheduler, tuple(jobs), notify))
+        partial = DaemonConfig(path, scheduler, tuple(jobs), notify)
+        raise ConfigError(problems, partial, broken_fields)
     return DaemonConfig(path, scheduler, tuple(jobs), notify)
 
 
@@ -207,6 +238,8 @@ def _suggest(key: str, known: tuple[str, ...]) -> str:
 class _Reader:
     def __init__(self, path: str, environ: Mapping[str, str], problems: list[str]) -> None:
         self.path, self.environ, self.problems = path, environ, problems
+        #: The fields of the job read last that had a problem.
+        self.broken: frozenset[str] = frozenset()
 
     # ---- [scheduler] -------------------------------------------------------------------
 
@@ -297,28 +330,32 @@ class _Reader:
     # ---- [[job]] -----------------------------------------------------------------------
 
     def job(self, raw: object, index: int) -> JobConfig | None:
+        """The job of ``raw`` (its problems added to the reader's), or ``None`` when it has
+        no name, trigger or task to check it by."""
         where = f"{self.path}: job #{index}"
         if not isinstance(raw, dict):
             self.problems.append(f"{where} must be a table")
             return None
-        before = len(self.problems)
         name = raw.get("name")
         try:
             name = check_job_name(name) if name is not None else None
         except ConfigurationError as exc:
             self.problems.append(f"{where}: name: {exc}")
-            return None
-        if name is None:
-            self.problems.append(
-                f'{where}: needs a name (name = "..."), the job\'s identity across replicas'
-            )
-            return None
-        where = f"{self.path}: job {name!r}"
+            name = None
+        else:
+            if name is None:
+                self.problems.append(
+                    f'{where}: needs a name (name = "..."), the job\'s identity across replicas'
+                )
+            else:
+                where = f"{self.path}: job {name!r}"
+        # A job without a usable name is read on, for its other problems to be listed too.
         for key in raw:
             if key not in _JOB_KEYS:
                 self.problems.append(f"{where}: unknown option {key!r}{_suggest(key, _JOB_KEYS)}")
         values: dict[str, Any] = {"name": name}
         triggers = [key for key in TRIGGER_KEYS if key in raw]
+        unused: set[str] = set()
         if len(triggers) != 1:
             said = "has " + " and ".join(triggers) if triggers else "has none"
             self.problems.append(
@@ -333,6 +370,7 @@ class _Reader:
                         f"{where}: {key}: applies to {' and '.join(kinds)} jobs, not to "
                         f"{triggers[0]} (remove it)"
                     )
+                    unused.add(key)  # nor read: its value would only add a second line
             try:
                 values["schedule"] = self.expanded(raw[triggers[0]])
             except ValueProblem as exc:
@@ -350,8 +388,9 @@ class _Reader:
                         f"{where}: {key}: applies to {_OTHER[task[0]]} jobs, not to {task[0]} "
                         "jobs (remove it)"
                     )
+        broken = set()
         for key, value in raw.items():
-            if key in ("name", *TRIGGER_KEYS) or key not in _JOB_KEYS:
+            if key in ("name", *TRIGGER_KEYS, *unused) or key not in _JOB_KEYS:
                 continue
             label = f"{where}: {key}"
             try:
@@ -362,8 +401,14 @@ class _Reader:
                 values[key] = self._job_value(key, expanded, raw)
             except ValueProblem as exc:
                 self.problems.append(f"{label}: {exc}")
-        if len(self.problems) > before:
+                broken.add(key)
+        if name is None or "trigger" not in values or "schedule" not in values:
             return None
+        if len(task) != 1 or task[0] not in values:
+            return None
+        self.broken = frozenset(broken)
+        # With a problem in its other options, the job is still checked by the library (its
+        # trigger and task), with those options left at their defaults.
         return JobConfig(**values)
 
     def _job_value(self, key: str, value: object, raw: Mapping[str, object]) -> object:

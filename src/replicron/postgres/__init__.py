@@ -8,6 +8,7 @@ from ._locked_result import LockedRun
 from ._locked_sync import locked_run
 from ._probe import UntrustedAdvisoryLocksError
 from ._session import BackendUnavailableError, TransactionPoolerError
+from ._setting_names import SettingNames
 from ._sources import ConnectionSource, conninfo_of
 from .backend import (
     CoordinationMode,
@@ -28,6 +29,7 @@ __all__ = [
     "MixedModesError",
     "PostgresBackend",
     "ReplicaStatus",
+    "SettingNames",
     "TransactionPoolerError",
     "UntrustedAdvisoryLocksError",
     "alocked_run",

@@ -16,6 +16,7 @@ from typing import NoReturn
 from replicron.backends.base import RunRecord
 
 from ._session import TransactionPoolerError
+from ._setting_names import PYTHON_NAMES
 from ._statements import Statements
 
 __all__ = ["SessionLocks", "refuse_pooler", "report_unheld"]
@@ -80,10 +81,11 @@ def refuse_pooler(statements: Statements, replica_id: str) -> NoReturn:
     """A statement ran on another server session than the lock session's: a transaction
     pooler is in between. Nothing was locked or unlocked there; the session is given up, and
     every later statement is refused: coordination through it cannot be trusted."""
+    names = statements.session.setting_names if statements.session else PYTHON_NAMES
     refusal = TransactionPoolerError(
         "a statement of the lock session ran on another server session: the connection "
         "goes through a transaction pooler, where session advisory locks do not hold; "
-        "this replica coordinates nothing more. Connect it directly to PostgreSQL."
+        f"this replica coordinates nothing more. {names.behind_a_pooler()}."
     )
     statements.refuse(refusal)
     logger.error("%s", refusal, extra={"event": "lock_error", "replica": replica_id})

@@ -26,6 +26,7 @@ from replicron.errors import UntrustedAdvisoryLocksError
 
 from ._secrets import scrub
 from ._session import BackendUnavailableError, _CannotConnect
+from ._setting_names import PYTHON_NAMES
 from ._sql import queries
 
 __all__ = [
@@ -104,9 +105,12 @@ async def open_probe_session(conninfo: str, connect_timeout: float) -> PsycopgPr
     return PsycopgProbeSession(conn, connect_timeout)
 
 
-async def check_advisory_locks(open_session: Callable[[], Awaitable[ProbeSession]]) -> None:
-    """Raise :class:`UntrustedAdvisoryLocksError` unless session advisory locks exclude one
-    another on the server that ``open_session`` connects to.
+async def check_advisory_locks(
+    open_session: Callable[[], Awaitable[ProbeSession]], *, lease_setting: str = PYTHON_NAMES.lease
+) -> None:
+    """Raise :class:`UntrustedAdvisoryLocksError` (naming lease mode as ``lease_setting``
+    says) unless session advisory locks exclude one another on the server that
+    ``open_session`` connects to.
 
     Two sessions are opened with ``open_session`` and always closed again, and whatever lock
     the probe may hold is unlocked first, whether the probe passes, refuses, fails or is
@@ -117,7 +121,7 @@ async def check_advisory_locks(open_session: Callable[[], Awaitable[ProbeSession
     key = {"k1": _random_int4(), "k2": _random_int4()}
     try:
         sessions.append(await open_session())
-        await _probe(sessions[0], sessions[1], key, holding)
+        await _probe(sessions[0], sessions[1], key, holding, lease_setting)
     finally:
         try:
             for session in holding:
@@ -128,9 +132,16 @@ async def check_advisory_locks(open_session: Callable[[], Awaitable[ProbeSession
 
 
 async def _probe(
-    a: ProbeSession, b: ProbeSession, key: Mapping[str, int], holding: list[ProbeSession]
+    a: ProbeSession,
+    b: ProbeSession,
+    key: Mapping[str, int],
+    holding: list[ProbeSession],
+    lease_setting: str,
 ) -> None:
     server = _server_name(await _version(a))
+
+    def untrusted(observed: str) -> UntrustedAdvisoryLocksError:
+        return UntrustedAdvisoryLocksError(observed, server, lease_setting=lease_setting)
 
     async def ask(session: ProbeSession, query: str) -> object:
         function = "pg_try_advisory_lock" if query == "probe_try_lock" else "pg_advisory_unlock"
@@ -140,9 +151,7 @@ async def _probe(
             row = await session.fetch_one(queries()[query], key)
         except psycopg.Error as exc:
             message = " ".join(str(exc).split())
-            raise UntrustedAdvisoryLocksError(
-                f"{function} raised {type(exc).__name__}: {message}", server
-            ) from exc
+            raise untrusted(f"{function} raised {type(exc).__name__}: {message}") from exc
         answer = row[0] if row else None
         if (query == "probe_try_lock") != (answer is True):
             holding.remove(session)  # a refused lock, or an unlock
@@ -150,35 +159,27 @@ async def _probe(
 
     answer = await ask(a, "probe_try_lock")
     if answer is not True:
-        raise UntrustedAdvisoryLocksError(
+        raise untrusted(
             f"a session could not take a free advisory lock (pg_try_advisory_lock returned "
-            f"{_sql(answer)})",
-            server,
+            f"{_sql(answer)})"
         )
     answer = await ask(b, "probe_try_lock")
     if answer is True:
-        raise UntrustedAdvisoryLocksError("a second session also got the lock", server)
+        raise untrusted("a second session also got the lock")
     if answer is not False:
-        raise UntrustedAdvisoryLocksError(
-            f"a second session asking for a held lock got {_sql(answer)}, not false", server
-        )
+        raise untrusted(f"a second session asking for a held lock got {_sql(answer)}, not false")
     answer = await ask(a, "probe_unlock")
     if answer is not True:
-        raise UntrustedAdvisoryLocksError(
-            f"pg_advisory_unlock of a held lock returned {_sql(answer)}, not true", server
-        )
+        raise untrusted(f"pg_advisory_unlock of a held lock returned {_sql(answer)}, not true")
     answer = await ask(b, "probe_try_lock")
     if answer is not True:
-        raise UntrustedAdvisoryLocksError(
+        raise untrusted(
             f"a lock just unlocked could not be taken by another session "
-            f"(pg_try_advisory_lock returned {_sql(answer)})",
-            server,
+            f"(pg_try_advisory_lock returned {_sql(answer)})"
         )
     answer = await ask(b, "probe_unlock")
     if answer is not True:
-        raise UntrustedAdvisoryLocksError(
-            f"pg_advisory_unlock of a held lock returned {_sql(answer)}, not true", server
-        )
+        raise untrusted(f"pg_advisory_unlock of a held lock returned {_sql(answer)}, not true")
 
 
 async def _version(session: ProbeSession) -> str | None:

@@ -29,6 +29,7 @@ from psycopg.pq import TransactionStatus
 from replicron.errors import ReplicronError
 
 from ._secrets import scrub
+from ._setting_names import PYTHON_NAMES, SettingNames
 
 __all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
 
@@ -122,6 +123,7 @@ class LockSession:
         drop_after: float,
         on_lost: Callable[[], None],
         session_pooler: bool = False,
+        setting_names: SettingNames = PYTHON_NAMES,
     ) -> None:
         self.conninfo = conninfo
         self.application_name = application_name
@@ -129,6 +131,8 @@ class LockSession:
         self.statement_deadline = statement_deadline
         self.drop_after = drop_after
         self.session_pooler = session_pooler
+        #: How the user spells the settings a pooler refusal names.
+        self.setting_names = setting_names
         self._on_lost = on_lost
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._serial = asyncio.Lock()
@@ -241,9 +245,9 @@ class LockSession:
             raise TransactionPoolerError(
                 f"the connection goes through a connection pooler (it announced server session "
                 f"{conn.info.backend_pid}, the real one is {pid}). In transaction mode session "
-                "advisory locks do not hold, and the mode cannot be told for certain from here: "
-                "connect replicron directly to PostgreSQL, or, if the pooler runs in session "
-                "mode, say so with PostgresBackend(..., session_pooler=True)."
+                "advisory locks do not hold, and the mode cannot be told for certain from here. "
+                f"{self.setting_names.behind_a_pooler()}; or, if the pooler runs in session "
+                f"mode, say so: {self.setting_names.session_pooler}."
             )
         probe = await self._open_connection("cannot open the pooler probe")
         try:
@@ -252,8 +256,9 @@ class LockSession:
                     raise TransactionPoolerError(
                         f"the lock session's statements do not stay on server session {pid}: "
                         "the connection goes through a transaction pooler, where session "
-                        "advisory locks do not hold. Connect replicron directly to PostgreSQL, "
-                        "or through a pooler in session mode."
+                        "advisory locks do not hold. "
+                        f"{self.setting_names.behind_a_pooler()}, or through a pooler in "
+                        "session mode."
                     )
         except (psycopg.Error, TimeoutError) as exc:
             raise BackendUnavailableError(f"cannot probe the lock session: {exc}") from exc

@@ -48,6 +48,7 @@ from ._leased_claims import LeasedClaims
 from ._pooled import BorrowedSession, PooledSession
 from ._probe import check_advisory_locks, open_probe_session
 from ._session import LockSession
+from ._setting_names import PYTHON_NAMES, SettingNames
 from ._sources import ConnectionSource, conninfo_of
 from ._statements import Statements
 from ._status import JobStatus, ReplicaStatus, job_status, replica_status
@@ -82,7 +83,9 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
     heartbeat got through meanwhile. Every statement has a deadline (``statement_timeout``,
     default half the lease). ``fence_stale_holders`` lets a replica terminate the server
     session of a frozen replica that holds a job's lock with a stale heartbeat. Finished rows
-    older than ``retention`` are pruned, keeping each job's latest.
+    older than ``retention`` are pruned, keeping each job's latest. ``setting_names`` is how
+    the code that builds the backend spells its settings, for its refusals to name them (the
+    daemon and the Django app pass their own; see :class:`SettingNames`).
     """
 
     #: Replicas in other processes claim from this backend too: a scheduler claims at an
@@ -107,6 +110,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         retention: timedelta = timedelta(days=14),
         connect_timeout: float = 10.0,
         coordination: CoordinationMode = "advisory",
+        setting_names: SettingNames = PYTHON_NAMES,
     ) -> None:
         if heartbeat_interval <= 0:
             raise ConfigurationError("heartbeat_interval must be positive")
@@ -140,6 +144,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
             )
         self.fence_stale_holders = fence_stale_holders
         self.session_pooler = session_pooler
+        self.setting_names = setting_names
         self.retention = retention
         self.connect_timeout = connect_timeout
         self.replica_id = ""
@@ -257,6 +262,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
             # Lease mode: nothing is lost with a connection; the leases run out on their own.
             "on_lost": (lambda: None) if leased else self._housekeeper.session_lost,
             "session_pooler": self.session_pooler,
+            "setting_names": self.setting_names,
         }
         if leased and self._pool is not None:
             session = BorrowedSession(self._pool, **options)
@@ -270,7 +276,8 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         if not leased:
             try:  # after the connect: a transaction pooler gets its own, clearer refusal
                 await check_advisory_locks(
-                    lambda: open_probe_session(self.conninfo, self.connect_timeout)
+                    lambda: open_probe_session(self.conninfo, self.connect_timeout),
+                    lease_setting=self.setting_names.lease,
                 )
             except BaseException:
                 await session.close()

@@ -27,7 +27,7 @@ def check_jobs(
     try:
         build_scheduler(read_settings())
     except ImproperlyConfigured as exc:
-        problems = exc.problems if isinstance(exc, JobsProblems) else (str(exc),)
+        problems = exc.problems if isinstance(exc, JobsProblems) else str(exc).splitlines()
         if databases is not None:
             return [checks.Warning(problem, id="replicron.W001") for problem in problems]
         return [checks.Error(problem, id="replicron.E001") for problem in problems]

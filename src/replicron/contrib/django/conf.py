@@ -155,12 +155,17 @@ def make_backend(settings: ReplicronSettings, *, migrate: bool = True) -> Backen
         if settings.backend == "embedded":
             assert settings.state_dir is not None
             return EmbeddedBackend(settings.state_dir, **options)
-        from replicron.postgres import PostgresBackend
+        from replicron.postgres import PostgresBackend, SettingNames
+
+        names = SettingNames(
+            lease="settings.REPLICRON['coordination'] = 'lease'",
+            session_pooler="'session_pooler': True in settings.REPLICRON['backend_options']",
+        )
 
         options.setdefault("migrate", migrate)
         return PostgresBackend(
             conninfo_of_alias(settings.database), namespace=settings.namespace,
-            coordination=settings.coordination, **options,
+            coordination=settings.coordination, setting_names=names, **options,
         )  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise _problem("backend_options", str(exc)) from exc

@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from django.utils.module_loading import import_string, module_has_submodule
 
-from replicron.errors import ReplicronError
+from replicron.errors import InvalidTimezoneError, ReplicronError
 from replicron.scheduler import Scheduler
 from replicron.triggers import Trigger
 
@@ -72,11 +72,10 @@ class JobsProblems(ImproperlyConfigured):
         super().__init__("\n".join(self.problems))
 
 
-def _discover_jobs_modules() -> None:
-    """Import every installed app's ``jobs.py``, as the admin does ``admin.py``; raises
-    :class:`JobsProblems` with a line per module that raised. What a module declared before
-    it raised is dropped, so that importing it again declares nothing twice."""
-    problems = []
+def _discover_jobs_modules(problems: list[str]) -> None:
+    """Import every installed app's ``jobs.py``, as the admin does ``admin.py``, adding a line
+    to ``problems`` per module that raised. What a module declared before it raised is
+    dropped, so that importing it again declares nothing twice."""
     for app_config in apps.get_app_configs():
         module = f"{app_config.name}.jobs"
         declared = len(_declared)
@@ -88,8 +87,6 @@ def _discover_jobs_modules() -> None:
                 problems.append(
                     f"cannot import {module}: {_where_it_raised(exc, module)}{_said(exc)}"
                 )
-    if problems:
-        raise JobsProblems(problems)
 
 
 def _said(exc: Exception) -> str:
@@ -122,30 +119,52 @@ def _where_it_raised(exc: Exception, module: str) -> str:
     return ""
 
 
-def declared_jobs(settings: ReplicronSettings) -> list[Declaration]:
+def declared_jobs(
+    settings: ReplicronSettings, problems: list[str] | None = None
+) -> list[Declaration]:
     """The jobs of ``settings["jobs"]``, then those declared with :func:`job` (the apps'
-    ``jobs.py`` imported first, unless ``autodiscover`` is off)."""
+    ``jobs.py`` imported first, unless ``autodiscover`` is off). A bad entry of
+    ``settings["jobs"]`` is left out, each of its problems added to ``problems`` (raised
+    together as :class:`JobsProblems` when none is given), and so is each ``jobs.py`` that
+    raised as it was imported."""
+    found: list[Declaration] = []
+    wrong: list[str] = []
     if settings.autodiscover:
-        _discover_jobs_modules()
-    found = []
+        _discover_jobs_modules(wrong)
     for at, entry in enumerate(settings.jobs):
-        key = f"settings.REPLICRON['jobs'][{at}]"
-        options = dict(entry)
-        path, trigger = options.pop("func", None), options.pop("trigger", None)
-        if not isinstance(path, str):
-            raise ImproperlyConfigured(f"{key}['func']: a dotted path is required, got {path!r}")
-        if not isinstance(trigger, Trigger):
-            raise ImproperlyConfigured(
-                f"{key}['trigger']: a replicron trigger is required (replicron.cron(...), "
-                f"replicron.every(...), ...), got {trigger!r}"
-            )
+        declared = _declaration_of(entry, f"settings.REPLICRON['jobs'][{at}]", wrong)
+        if declared is not None:
+            found.append(declared)
+    if problems is not None:
+        problems += wrong
+    elif wrong:
+        raise JobsProblems(wrong)
+    return found + _declared
+
+
+def _declaration_of(entry: Mapping[str, Any], key: str, problems: list[str]) -> Declaration | None:
+    """The job of an entry of ``settings["jobs"]``, or ``None`` with each of its problems
+    added to ``problems``."""
+    options = dict(entry)
+    path, trigger = options.pop("func", None), options.pop("trigger", None)
+    func = None
+    if not isinstance(path, str):
+        problems.append(f"{key}['func']: a dotted path is required, got {path!r}")
+    else:
         try:
             func = import_string(path)
         except ImportError as exc:
-            raise ImproperlyConfigured(f"{key}['func']: cannot import {path!r}: {exc}") from exc
-        args = tuple(options.pop("args", ()))
-        found.append(Declaration(trigger, func, args, options, f"{key} ({path})"))
-    return found + _declared
+            problems.append(f"{key}['func']: cannot import {path!r}: {exc}")
+    if not isinstance(trigger, Trigger):
+        problems.append(
+            f"{key}['trigger']: a replicron trigger is required (replicron.cron(...), "
+            f"replicron.every(...), ...), got {trigger!r}"
+        )
+        return None
+    if func is None:
+        return None
+    args = tuple(options.pop("args", ()))
+    return Declaration(trigger, func, args, options, f"{key} ({path})")
 
 
 def with_fresh_connections(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,15 +185,20 @@ def with_fresh_connections(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
-    """A scheduler with the project's backend, options and jobs, not started. A job that
-    cannot be added raises ``ImproperlyConfigured`` naming it and where it was declared."""
+    """A scheduler with the project's backend, options and jobs, not started. Every problem
+    of its options and jobs is raised together as ``ImproperlyConfigured``, one line each,
+    each naming the job and where it was declared."""
     options: dict[str, Any] = {"timezone": settings.timezone, **settings.scheduler, **overrides}
     backend = make_backend(settings)
+    problems: list[str] = []
     try:
         scheduler = Scheduler(backend=backend, **options)
     except (TypeError, ValueError) as exc:
-        raise ImproperlyConfigured(f"settings.REPLICRON['scheduler']: {exc}") from exc
-    for declared in declared_jobs(settings):
+        given_zone = isinstance(exc, InvalidTimezoneError) and "timezone" not in settings.scheduler
+        key = "timezone" if given_zone else "scheduler"
+        problems.append(f"settings.REPLICRON[{key!r}]: {exc}")
+        scheduler = Scheduler(backend=backend)  # for the jobs to be checked all the same
+    for declared in declared_jobs(settings, problems):
         options = dict(declared.options)
         try:
             scheduler.add_job(
@@ -182,17 +206,19 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
                 **options,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(
-                f"{declared.origin}: {_naming_the_job(declared, exc)}"
-            ) from exc
+            problems += [
+                f"{declared.origin}: {_naming_the_job(declared, line)}"
+                for line in str(exc).splitlines()
+            ]
+    if problems:
+        raise JobsProblems(problems)
     return scheduler
 
 
-def _naming_the_job(declared: Declaration, exc: Exception) -> str:
-    """``exc``'s message, led by the job's name where it does not say it (a trigger that
+def _naming_the_job(declared: Declaration, said: str) -> str:
+    """A problem of a job, led by the job's name where it does not say it (a trigger that
     raises as the job is added says only what is wrong with it)."""
     name = declared.options.get("name")
-    said = str(exc)
     if not isinstance(name, str) or said.startswith(f"job {name!r}"):
         return said
     return f"job {name!r}: {said}"
