@@ -95,11 +95,43 @@ def server_settings(drop_after: float, statement_deadline: float, version: int) 
         f"SET tcp_keepalives_idle = {idle}",
         f"SET tcp_keepalives_interval = {interval}",
         f"SET tcp_keepalives_count = {count}",
-        f"SET statement_timeout = {max(1, int(statement_deadline * 1000))}",
+        f"SET statement_timeout = {server_timeout(statement_deadline)}",
     ]
     if version >= 120000:
         settings.append(f"SET tcp_user_timeout = {int(drop_after * 1000)}")
     return settings
+
+
+def server_timeout(deadline: float) -> str:
+    """A client deadline (seconds) as the server's ``statement_timeout``/``lock_timeout``."""
+    return str(max(1, int(deadline * 1000)))
+
+
+#: The server's own bounds on the statement sent with it, for their transaction only (a
+#: transaction pooler keeps nothing of a session for the next one): past them the server
+#: cancels the statement, also while it waits for a lock. Closing the client's socket would
+#: not end that wait, nor (behind a pooler) reach the server session at all.
+BOUND_STATEMENT = (
+    "SELECT set_config('statement_timeout', %(timeout)s, true),"
+    " set_config('lock_timeout', %(timeout)s, true)"
+)
+
+
+async def bounded_rows(
+    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any], deadline: float
+) -> list[tuple[Any, ...]]:
+    """The rows of ``query``, which the server gives up after ``deadline`` seconds: the bounds
+    go in the statement's own transaction, pipelined with it (one round trip). Without
+    pipeline support in libpq (before 14), in an explicit transaction."""
+    bound = {"timeout": server_timeout(deadline)}
+    if not psycopg.AsyncPipeline.is_supported():
+        async with conn.transaction():
+            await conn.execute(BOUND_STATEMENT.encode(), bound, prepare=False)
+            return await _rows(conn, query, params)
+    async with conn.pipeline():  # in autocommit mode, one implicit transaction up to its sync
+        await conn.execute(BOUND_STATEMENT.encode(), bound, prepare=False)
+        cursor = await conn.execute(query.encode(), params, prepare=False)
+    return await cursor.fetchall() if cursor.description else []
 
 
 def _keepalive_timing(drop_after: float) -> tuple[int, int, int]:
@@ -175,7 +207,9 @@ class LockSession:
         if self.on_connect is None:
             return
         try:
-            await self.on_connect(lambda query, params: self._timed(_rows(conn, query, params)))
+            await self.on_connect(
+                lambda query, params: self._timed(self._statement(conn, query, params))
+            )
         except (psycopg.Error, TimeoutError) as exc:
             await _close_quietly(conn)
             raise BackendUnavailableError(f"cannot check the server: {exc}") from exc
@@ -326,7 +360,7 @@ class LockSession:
             params = {**params, "pid": self.backend_pid, "session_token": self._token}
             sent_wall, sent_mono = self._sending()
             try:
-                rows = await self._timed(_rows(conn, query, params))
+                rows = await self._timed(self._statement(conn, query, params))
             except psycopg.errors.TransactionRollback as exc:
                 raise _RolledBack(f"the server rolled the statement back: {exc}") from exc
             except psycopg.OperationalError as exc:
@@ -334,6 +368,13 @@ class LockSession:
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
             self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
             return rows
+
+    def _statement(
+        self, conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+    ) -> Awaitable[list[tuple[Any, ...]]]:
+        """One statement on the session. Its server session carries the server's bounds (set
+        as it opened): a statement given up on here ends there as well."""
+        return _rows(conn, query, params)
 
     def _sending(self) -> tuple[float, float]:
         """When (wall, monotonic) the statement about to be sent counts as sent: no later than
