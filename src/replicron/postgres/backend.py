@@ -413,7 +413,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
 
     async def namespaces(self) -> dict[str, int]:
         """Every namespace with recorded runs in this database, and its number of rows."""
-        return await read_namespaces(self.conninfo, self.connect_timeout)
+        return await read_namespaces(self._database)
 
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
