@@ -46,8 +46,9 @@ class PooledSession(LockSession):
             await self._drop()
         if self.connected:
             return
-        conn = await self._open_connection("cannot connect to PostgreSQL")
-        await self._connected_to(conn)
+        until = self._connect_until()
+        conn = await self._open_connection("cannot connect to PostgreSQL", until)
+        await self._connected_to(conn, until)
         self._conn, self.backend_pid, self._invalid = conn, None, False
         self.generation += 1
 

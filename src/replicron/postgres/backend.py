@@ -252,6 +252,8 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         options: dict[str, Any] = {
             "application_name": f"replicron {replica_id}"[:63],
             "connect_timeout": self.connect_timeout,
+            # A heartbeat waits behind a new session no longer than a heartbeat interval.
+            "reconnect_deadline": min(self.connect_timeout, self.heartbeat_interval),
             "statement_deadline": self.statement_timeout,
             "drop_after": self.stale_after,
             # Lease mode: nothing is lost with a connection; the leases run out on their own.
