@@ -8,8 +8,9 @@ server after ``statement_timeout``, through any pooler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -75,7 +76,19 @@ class Database:
     connect_timeout: float
     statement_timeout: float
 
-    async def connect(self) -> psycopg.AsyncConnection[Any]:
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of its own, closed after; a statement the server gave up on is
+        :class:`BackendUnavailableError`, as a connection that could not be made."""
+        async with await self._connect() as conn:
+            try:
+                yield conn
+            except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+                raise BackendUnavailableError(
+                    f"PostgreSQL gave no answer within {self.statement_timeout:g} s: {exc}"
+                ) from exc
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
         try:
             return await asyncio.wait_for(
                 psycopg.AsyncConnection.connect(
@@ -95,7 +108,7 @@ class Database:
 
     async def rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """The rows of the named query, on a connection of its own."""
-        async with await self.connect() as conn:
+        async with self.connection() as conn:
             return await bounded_rows(conn, queries()[name], params, self.statement_timeout)
 
 
@@ -103,8 +116,7 @@ async def read_cluster(db: Database, namespace: str, stale_after: float) -> Clus
     """One consistent read of the namespace's ledger, registry, pauses and replicas."""
     q = queries()
     params = {"namespace": namespace, "stale_after": timedelta(seconds=stale_after)}
-    conn = await db.connect()
-    async with conn, conn.transaction():
+    async with db.connection() as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         await conn.execute(BOUND_STATEMENT, {"timeout": server_timeout(db.statement_timeout)})
         rows = {}
