@@ -18,16 +18,14 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests._harness.daemons import Daemons, config_text
 from tests._harness.processes import Child
-from tests._harness.reporting import report_on_failure
 from tests.faults.cluster import Database
 from tests.faults.pooler import PgBouncers
 from tests.faults.proxy import HangingProxy
@@ -38,16 +36,6 @@ Summary = Callable[[str], None]
 JOB = {"name": "tick", "every": "1s", "command": ["true"]}
 #: The ledger a replica writes every claim to.
 LEDGER = "replicron_runs"
-
-
-@pytest.fixture
-def daemons(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemons]:
-    fleet = Daemons(tmp_path)
-    report_on_failure(request, "daemon logs", fleet.logs)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
 
 
 def start_daemon(daemons: Daemons, dsn: str, **settings: object) -> Child:
