@@ -33,15 +33,17 @@ from tests.faults.proxy import HangingProxy
 Summary = Callable[[str], None]
 
 #: A job every second, so that claims come between the heartbeats.
-JOB = {"name": "tick", "every": "1s", "command": ["true"]}
+JOB: dict[str, object] = {"name": "tick", "every": "1s", "command": ["true"]}
 #: The ledger a replica writes every claim to.
 LEDGER = "replicron_runs"
 
 
-def start_daemon(daemons: Daemons, dsn: str, **settings: object) -> Child:
-    """One daemon on ``dsn`` running :data:`JOB`, with the replica id it picks itself; returns
+def start_daemon(
+    daemons: Daemons, dsn: str, job: dict[str, object] = JOB, **settings: object
+) -> Child:
+    """One daemon on ``dsn`` running ``job``, with the replica id it picks itself; returns
     once it has started its scheduler."""
-    daemon = daemons.start("d1", config_text({"database_url": dsn, **settings}, [JOB]))
+    daemon = daemons.start("d1", config_text({"database_url": dsn, **settings}, [job]))
     daemon.wait_log("started replica", 30)
     return daemon
 
@@ -126,13 +128,18 @@ def test_a_new_lock_session_over_a_slow_link_keeps_the_heartbeats_going(
 ) -> None:
     """Advisory mode through a forwarder that adds 150 ms each way (a 300 ms round trip),
     heartbeat every 2 s; the lock session is terminated right after a heartbeat. The next
-    claim opens a new session, which must be ready within a heartbeat interval (before: the
-    session's settings one round trip each, then a probe connection, about 5 s), on one
-    connection; the heartbeat behind it waits no longer than that."""
+    statement finds it gone (a heartbeat is not retried: the one after it opens the new
+    session); the new session must be ready within a heartbeat interval (before: a round
+    trip per session setting, then a probe connection, about 5 s), on one connection."""
     heartbeat = 2.0
     proxy = HangingProxy(("127.0.0.1", db.cluster.port))
     try:
-        daemon = start_daemon(daemons, proxy.dsn(db.name), heartbeat_interval=f"{heartbeat:g}s")
+        # A job seldom due: over this link, claims every second would keep the session busy
+        # enough to delay heartbeats by themselves.
+        job = {**JOB, "every": "10s"}
+        daemon = start_daemon(
+            daemons, proxy.dsn(db.name), job, heartbeat_interval=f"{heartbeat:g}s"
+        )
         name = lock_session_name(daemon)
         proxy.delay = 0.15
         time.sleep(heartbeat)  # a heartbeat over the slow link first
@@ -150,7 +157,7 @@ def test_a_new_lock_session_over_a_slow_link_keeps_the_heartbeats_going(
 
         def watching() -> bool:
             opened.update(pid for pid, app, _ in backends(db, [old]) if app == name)
-            return time.monotonic() - cut < 2.5 * heartbeat
+            return time.monotonic() - cut < 4 * heartbeat
 
         gaps = heartbeat_gaps(db, watching)
     finally:
@@ -160,7 +167,7 @@ def test_a_new_lock_session_over_a_slow_link_keeps_the_heartbeats_going(
         f"heartbeat gap={max(gaps):.2f} s (all: {', '.join(f'{g:.2f}' for g in gaps)}) | "
         f"connections the replica opened={len(opened)}"
     )
-    # A heartbeat comes every interval plus its round trip; behind a new session it may wait
-    # one interval more, no longer.
-    assert max(gaps) <= 2 * heartbeat + 0.3 * 2, gaps
+    # Heartbeats come every interval plus a round trip; one may fail on the lost session, and
+    # the next wait behind the new one for one interval more, no longer.
+    assert max(gaps) <= 3 * heartbeat + 2 * 0.3, gaps
     assert len(opened) == 1, opened
