@@ -26,8 +26,9 @@ from replicron.cluster import (
 )
 from replicron.errors import JobNotFoundError
 
+from ._bounds import BOUND_STATEMENT, bounded_rows, server_timeout
 from ._secrets import scrub
-from ._session import BOUND_STATEMENT, BackendUnavailableError, bounded_rows, server_timeout
+from ._session import BackendUnavailableError
 from ._sql import queries
 from ._status import job_status, replica_status
 

@@ -24,13 +24,13 @@ import psycopg
 import psycopg.errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ._bounds import bounded_rows
 from ._session import (
     BackendUnavailableError,
     LockSession,
     _CannotConnect,
     _close_quietly,
     _RolledBack,
-    bounded_rows,
 )
 
 __all__ = ["BorrowedSession", "PooledSession"]
