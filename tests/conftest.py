@@ -6,6 +6,7 @@ The suites of real processes in real time (:data:`REAL_TIME`) are marked ``slow`
 ``-m "not slow"`` is the fast tier; tests/faults is also marked ``faults``. A failed test's
 report shows the logs of its processes (:mod:`tests._harness.reporting`), and the scenarios'
 summary lines are printed at the end of the run, a section per suite ("acceptance summary").
+Any suite may start daemon processes (``daemons``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests._harness.reporting import FAILURE_SECTIONS
+from tests._harness.daemons import Daemons
+from tests._harness.reporting import FAILURE_SECTIONS, report_on_failure
 from tests.helpers import summary_recorder
 
 TESTS = Path(__file__).resolve().parent
@@ -99,3 +101,22 @@ def collector_enabled_after() -> Iterator[None]:
         gc.enable()  # so that the tests after this one are not affected
         gc.set_threshold(700, 10, 10)
         pytest.fail("the test left the garbage collector disabled or held back")
+
+
+@pytest.fixture
+def daemon_host() -> type[Daemons]:
+    """The kind of host the ``daemons`` fixture makes (a module may ask for a subclass)."""
+    return Daemons
+
+
+@pytest.fixture
+def daemons(
+    request: pytest.FixtureRequest, tmp_path: Path, daemon_host: type[Daemons]
+) -> Iterator[Daemons]:
+    """Daemon processes of the test, their logs attached to its report if it fails."""
+    host = daemon_host(tmp_path)
+    report_on_failure(request, "daemon logs", host.logs)
+    try:
+        yield host
+    finally:
+        host.close()

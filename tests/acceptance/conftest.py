@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests._harness.daemons import Daemons
 from tests._harness.processes import Child
 from tests._harness.replicas import Replicas
 from tests._harness.reporting import report_on_failure
@@ -114,22 +113,3 @@ def cluster(
         yield cluster
     finally:
         cluster.close()
-
-
-@pytest.fixture
-def daemon_host() -> type[Daemons]:
-    """The kind of host the ``daemons`` fixture makes (a module may ask for a subclass)."""
-    return Daemons
-
-
-@pytest.fixture
-def daemons(
-    request: pytest.FixtureRequest, tmp_path: Path, daemon_host: type[Daemons]
-) -> Iterator[Daemons]:
-    """Daemon processes of the test, their logs attached to its report if it fails."""
-    host = daemon_host(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
-        yield host
-    finally:
-        host.close()

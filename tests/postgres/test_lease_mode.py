@@ -167,7 +167,7 @@ def test_a_lost_connection_loses_no_run(dsn: str) -> None:
             sql(
                 dsn,
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'replicron a'",
+                " WHERE datname = current_database() AND application_name = 'replicron a'",
             )
             await a._housekeeper.heartbeat()  # on a new connection, renewing the same leases
             assert lost == []
@@ -258,7 +258,8 @@ def test_a_lease_replica_is_refused_while_a_frozen_advisory_run_holds_its_lock(d
                 async with opened(dsn, "b", coordination="lease"):
                     pass
             assert sql(dsn, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                            " WHERE application_name = 'replicron a'") == [(True,)]  # fmt: skip
+                            " WHERE datname = current_database()"
+                            " AND application_name = 'replicron a'") == [(True,)]  # fmt: skip
             async with opened(dsn, "b", coordination="lease") as b:
                 assert (await claim(b, "report", 2, lock=True)).status == CLAIMED
             assert row(dsn, running.run_id)[0] is None  # a's to write when it wakes
@@ -335,7 +336,7 @@ def test_on_the_applications_pool_no_connection_is_kept(dsn: str) -> None:
                 assert sql(
                     dsn,
                     "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE application_name LIKE 'replicron%%'",
+                    " WHERE datname = current_database() AND application_name LIKE 'replicron%%'",
                 ) == [(0,)]
             finally:
                 await backend.close()

@@ -130,7 +130,7 @@ def test_a_lost_lock_session_signals_the_run_and_records_it_abandoned(
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'replicron victim'"
+                " WHERE datname = current_database() AND application_name = 'replicron victim'"
             )
         assert stopped.wait(10)  # the heartbeat noticed and the run was told to stop
         s.wait_idle()

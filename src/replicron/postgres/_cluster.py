@@ -1,13 +1,16 @@
 """The cluster's registry, pauses and status on PostgreSQL, for whoever reads or changes
 them: a scheduler, the CLI, a status page. Each call uses a short connection of its own,
 never a replica's lock session, so it may come from any thread or event loop, with or
-without a running scheduler."""
+without a running scheduler. Its statements carry the server's bounds in their own
+transaction, as those of a lease-mode replica do: one stuck behind a table lock ends on the
+server after ``statement_timeout``, through any pooler."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +26,7 @@ from replicron.cluster import (
 )
 from replicron.errors import JobNotFoundError
 
+from ._bounds import BOUND_STATEMENT, bounded_rows, server_timeout
 from ._secrets import scrub
 from ._session import BackendUnavailableError
 from ._sql import queries
@@ -30,6 +34,7 @@ from ._status import job_status, replica_status
 
 __all__ = [
     "ClusterMethods",
+    "Database",
     "announce_params",
     "forget_job",
     "read_cluster",
@@ -63,34 +68,58 @@ def announce_params(
     }
 
 
-async def _connect(conninfo: str, connect_timeout: float) -> psycopg.AsyncConnection[Any]:
-    try:
-        return await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(
-                conninfo,
-                autocommit=True,
-                prepare_threshold=None,
-                connect_timeout=max(1, round(connect_timeout)),
-                application_name="replicron status",
-            ),
-            connect_timeout,
-        )
-    except (psycopg.Error, TimeoutError, OSError) as exc:
-        scrub(exc, conninfo)  # libpq may quote the connection string
-        raise BackendUnavailableError(
-            f"cannot connect to PostgreSQL: {exc or type(exc).__name__}"
-        ) from exc
+@dataclasses.dataclass(frozen=True)
+class Database:
+    """Where the cluster's calls go: a short connection each to ``conninfo``, opened within
+    ``connect_timeout``; the server ends each statement after ``statement_timeout``."""
+
+    conninfo: str
+    connect_timeout: float
+    statement_timeout: float
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of its own, closed after; a statement the server gave up on is
+        :class:`BackendUnavailableError`, as a connection that could not be made."""
+        async with await self._connect() as conn:
+            try:
+                yield conn
+            except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+                raise BackendUnavailableError(
+                    f"PostgreSQL gave no answer within {self.statement_timeout:g} s: {exc}"
+                ) from exc
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        try:
+            return await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(
+                    self.conninfo,
+                    autocommit=True,
+                    prepare_threshold=None,
+                    connect_timeout=max(1, round(self.connect_timeout)),
+                    application_name="replicron status",
+                ),
+                self.connect_timeout,
+            )
+        except (psycopg.Error, TimeoutError, OSError) as exc:
+            scrub(exc, self.conninfo)  # libpq may quote the connection string
+            raise BackendUnavailableError(
+                f"cannot connect to PostgreSQL: {exc or type(exc).__name__}"
+            ) from exc
+
+    async def rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows of the named query, on a connection of its own."""
+        async with self.connection() as conn:
+            return await bounded_rows(conn, queries()[name], params, self.statement_timeout)
 
 
-async def read_cluster(
-    conninfo: str, namespace: str, stale_after: float, connect_timeout: float
-) -> ClusterStatus:
+async def read_cluster(db: Database, namespace: str, stale_after: float) -> ClusterStatus:
     """One consistent read of the namespace's ledger, registry, pauses and replicas."""
     q = queries()
     params = {"namespace": namespace, "stale_after": timedelta(seconds=stale_after)}
-    conn = await _connect(conninfo, connect_timeout)
-    async with conn, conn.transaction():
+    async with db.connection() as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        await conn.execute(BOUND_STATEMENT, {"timeout": server_timeout(db.statement_timeout)})
         rows = {}
         for name in ("database_clock", "status", "registrations", "pauses", "replicas"):
             cursor = await conn.execute(q[name], params)
@@ -119,40 +148,28 @@ async def _leader(conn: psycopg.AsyncConnection[Any], query: str, params: Any) -
     return str(found[0][0]) if found else None
 
 
-async def set_paused(
-    conninfo: str, namespace: str, job: str, paused: bool, by: str, connect_timeout: float
-) -> bool:
+async def set_paused(db: Database, namespace: str, job: str, paused: bool, by: str) -> bool:
     """Pause (or resume) ``job``; whether that changed anything."""
-    query = queries()["pause" if paused else "resume"]
-    async with await _connect(conninfo, connect_timeout) as conn:
-        cursor = await conn.execute(query, {"namespace": namespace, "job": job, "by": by})
-        return bool(await cursor.fetchall())
+    params = {"namespace": namespace, "job": job, "by": by}
+    return bool(await db.rows("pause" if paused else "resume", params))
 
 
-async def request_run(
-    conninfo: str, namespace: str, job: str, by: str, connect_timeout: float
-) -> datetime:
+async def request_run(db: Database, namespace: str, job: str, by: str) -> datetime:
     """Ask for a manual run of ``job`` across the namespace; the instant asked for."""
     params = {"namespace": namespace, "job": job, "by": by, "keep": RUN_REQUEST_EXPIRY}
-    async with await _connect(conninfo, connect_timeout) as conn:
-        cursor = await conn.execute(queries()["request_run"], params)
-        row = await cursor.fetchone()
-    if row is None:
+    rows = await db.rows("request_run", params)
+    if not rows:
         where = f" in namespace {namespace!r}" if namespace else ""
         raise JobNotFoundError(
             f"no replica has registered a job named {job!r}{where}: nothing could run it"
         )
-    at: datetime = row[0]
+    at: datetime = rows[0][0]
     return at
 
 
-async def read_namespaces(conninfo: str, connect_timeout: float) -> dict[str, int]:
+async def read_namespaces(db: Database) -> dict[str, int]:
     """Every namespace with recorded runs, and its number of rows."""
-    conn = await _connect(conninfo, connect_timeout)
-    async with conn:
-        cursor = await conn.execute(queries()["namespaces"])
-        rows: list[tuple[str, int]] = await cursor.fetchall()
-        return dict(rows)
+    return dict(await db.rows("namespaces", {}))
 
 
 def _array(ticks: Sequence[datetime]) -> str:
@@ -160,15 +177,12 @@ def _array(ticks: Sequence[datetime]) -> str:
 
 
 async def forget_job(
-    conninfo: str, namespace: str, job: str, stale_after: float, connect_timeout: float
+    db: Database, namespace: str, job: str, stale_after: float
 ) -> tuple[list[str], list[str]]:
     """Drop the registrations of ``job`` by replicas that are gone: (those dropped, the live
     replicas that still schedule it)."""
     params = {"namespace": namespace, "job": job, "stale_after": timedelta(seconds=stale_after)}
-    conn = await _connect(conninfo, connect_timeout)
-    async with conn:
-        cursor = await conn.execute(queries()["forget"], params)
-        rows: list[tuple[str, bool]] = await cursor.fetchall()
+    rows = await db.rows("forget", params)
     return [r for r, gone in rows if gone], [r for r, gone in rows if not gone]
 
 
@@ -179,7 +193,12 @@ class ClusterMethods:
     namespace: str
     stale_after: float
     connect_timeout: float
+    statement_timeout: float
     replica_id: str
+
+    @property
+    def _database(self) -> Database:
+        return Database(self.conninfo, self.connect_timeout, self.statement_timeout)
 
     async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
         raise NotImplementedError  # the backend's: on its lock session
@@ -200,23 +219,21 @@ class ClusterMethods:
     async def cluster_status(self) -> ClusterStatus:
         """The namespace's jobs, pauses and replicas as the database has them (a short
         connection of its own: callable from any event loop, open or not)."""
-        return await read_cluster(
-            self.conninfo, self.namespace, self.stale_after, self.connect_timeout
-        )
+        return await read_cluster(self._database, self.namespace, self.stale_after)
 
     async def pause(self, job: str, by: str) -> bool:
         """Pause ``job`` on every replica of the namespace, from each one's next claim;
         False if it was paused already."""
-        return await set_paused(self.conninfo, self.namespace, job, True, by, self.connect_timeout)
+        return await set_paused(self._database, self.namespace, job, True, by)
 
     async def resume(self, job: str) -> bool:
         """Resume ``job``; False if it was not paused."""
-        return await set_paused(self.conninfo, self.namespace, job, False, "", self.connect_timeout)
+        return await set_paused(self._database, self.namespace, job, False, "")
 
     async def request_run(self, job: str, by: str) -> datetime:
         """Ask for one manual run of ``job`` across the namespace (see
         :class:`~replicron.backends.base.RunRequests`)."""
-        return await request_run(self.conninfo, self.namespace, job, by, self.connect_timeout)
+        return await request_run(self._database, self.namespace, job, by)
 
     async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
         """The manual runs asked for ``jobs`` not yet run, oldest first (on the lock
@@ -229,6 +246,4 @@ class ClusterMethods:
     async def forget(self, job: str) -> tuple[list[str], list[str]]:
         """A job dropped from the code is expected no more: the registrations of replicas
         that are gone go. Returns their replicas, and the live ones that still schedule it."""
-        return await forget_job(
-            self.conninfo, self.namespace, job, self.stale_after, self.connect_timeout
-        )
+        return await forget_job(self._database, self.namespace, job, self.stale_after)

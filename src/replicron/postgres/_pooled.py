@@ -5,6 +5,11 @@ names, in its parameters, everything it needs (the claimant, the claim token, th
 the connection may go through a transaction pooler (each statement may land on another server
 session), and losing it loses nothing: the next statement opens a new one, and the runs this
 replica holds go on under their leases, which only a heartbeat that got through renews.
+
+Nothing set on a server session stays with this replica, so the server's bounds on a statement
+(``statement_timeout``, ``lock_timeout``) go in the statement's own transaction: a statement
+this replica gave up on (one waiting behind a table lock, say) ends on the server by the same
+deadline, wherever the pooler ran it; closing the client's socket would not end that wait.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import psycopg
 import psycopg.errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from ._bounds import bounded_rows
 from ._session import (
     BackendUnavailableError,
     LockSession,
@@ -33,17 +39,23 @@ __all__ = ["BorrowedSession", "PooledSession"]
 class PooledSession(LockSession):
     """One statement at a time on a connection made from the conninfo, with the lock session's
     deadlines and keepalives, but no probe for a pooler and nothing set on the server session
-    (a pooler would hand that setting to another client)."""
+    (a pooler would hand that setting to another client): each statement carries its own."""
 
     async def _connect_locked(self) -> None:
         if self._invalid:
             await self._drop()
         if self.connected:
             return
-        conn = await self._open_connection("cannot connect to PostgreSQL")
-        await self._connected_to(conn)
+        until = self._connect_until()
+        conn = await self._open_connection("cannot connect to PostgreSQL", until)
+        await self._connected_to(conn, until)
         self._conn, self.backend_pid, self._invalid = conn, None, False
         self.generation += 1
+
+    def _statement(
+        self, conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+    ) -> Awaitable[list[tuple[Any, ...]]]:
+        return bounded_rows(conn, query, params, self.statement_deadline)
 
     async def close(self) -> None:
         async with self._serial:

@@ -28,6 +28,7 @@ from psycopg.pq import TransactionStatus
 
 from replicron.errors import ReplicronError
 
+from ._bounds import _rows, keepalive_params, server_settings
 from ._secrets import scrub
 from ._setting_names import PYTHON_NAMES, SettingNames
 
@@ -71,47 +72,6 @@ class RoundTrip(NamedTuple):
     received_mono: float
 
 
-def keepalive_params(drop_after: float) -> dict[str, Any]:
-    """libpq settings so that this side gives up on a silent peer within ``drop_after``
-    seconds: keepalives while idle, ``tcp_user_timeout`` while data is unacknowledged."""
-    idle, interval, count = _keepalive_timing(drop_after)
-    return {
-        "keepalives": 1,
-        "keepalives_idle": idle,
-        "keepalives_interval": interval,
-        "keepalives_count": count,
-        "tcp_user_timeout": int(drop_after * 1000),
-    }
-
-
-def server_settings(drop_after: float, statement_deadline: float, version: int) -> list[str]:
-    """The same bounds on the server's side, so the server drops a cut-off replica's session,
-    and so its locks, within about ``drop_after`` seconds: when the socket is idle
-    (keepalives) and when it holds an unacknowledged reply (``tcp_user_timeout``, which
-    keepalives alone do not bound: retransmissions would go on for about 15 minutes). A peer
-    whose kernel still answers (a frozen process, a hung proxy) keeps its session: its runs
-    may go on, so its locks hold (see ``fence_stale_holders``)."""
-    idle, interval, count = _keepalive_timing(drop_after)
-    settings = [
-        f"SET tcp_keepalives_idle = {idle}",
-        f"SET tcp_keepalives_interval = {interval}",
-        f"SET tcp_keepalives_count = {count}",
-        f"SET statement_timeout = {max(1, int(statement_deadline * 1000))}",
-    ]
-    if version >= 120000:
-        settings.append(f"SET tcp_user_timeout = {int(drop_after * 1000)}")
-    return settings
-
-
-def _keepalive_timing(drop_after: float) -> tuple[int, int, int]:
-    """(idle, interval, count) in whole seconds with idle + interval * count <= drop_after
-    (at least 1 s each: the socket options take seconds)."""
-    count = 3
-    interval = max(1, math.floor(drop_after / 6))
-    idle = max(1, math.floor(drop_after - interval * count))
-    return idle, interval, count
-
-
 class LockSession:
     def __init__(
         self,
@@ -124,11 +84,17 @@ class LockSession:
         on_lost: Callable[[], None],
         session_pooler: bool = False,
         setting_names: SettingNames = PYTHON_NAMES,
+        reconnect_deadline: float | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.application_name = application_name
         self.connect_timeout = connect_timeout
         self.statement_deadline = statement_deadline
+        #: How long a new session may take in all, once one was lost (the backend's
+        #: statements, its heartbeats among them, wait behind it); ``connect_timeout`` if None.
+        self.reconnect_deadline = (
+            connect_timeout if reconnect_deadline is None else reconnect_deadline
+        )
         self.drop_after = drop_after
         self.session_pooler = session_pooler
         #: How the user spells the settings a pooler refusal names.
@@ -161,25 +127,43 @@ class LockSession:
             await self._drop()
         if self.connected:
             return
-        conn = await self._open_connection("cannot connect to PostgreSQL")
+        until = self._connect_until()
+        conn = await self._open_connection("cannot connect to PostgreSQL", until)
         try:
             token = uuid.uuid4().hex
-            pid = await self._first_pid(conn, token)
-            await self._refuse_a_pooler(conn, pid, token)
+            pid = await self._set_up(conn, token, until)
+            await self._refuse_a_pooler(conn, pid, token, with_probe=self.generation == 0)
         except BaseException:
             await _close_quietly(conn)
             raise
-        await self._connected_to(conn)
+        await self._connected_to(conn, until)
         self._conn, self.backend_pid, self._invalid = conn, pid, False
         self._token = token
         self.generation += 1
 
-    async def _connected_to(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def _connect_until(self) -> float:
+        """When (monotonic) a connection being made must be ready. The first one has a
+        ``connect_timeout`` to connect and a statement deadline per statement; a new one, once
+        one was lost, has ``reconnect_deadline`` for everything, since the statements of the
+        backend (its heartbeats too) wait behind it."""
+        if self.generation == 0:
+            return math.inf
+        return time.monotonic() + self.reconnect_deadline
+
+    def _deadline(self, until: float) -> float:
+        """A statement's deadline while a connection is made that must be ready by ``until``."""
+        return max(0.0, min(self.statement_deadline, until - time.monotonic()))
+
+    async def _connected_to(self, conn: psycopg.AsyncConnection[Any], until: float) -> None:
         """Run ``on_connect`` on a new connection (closed if that fails)."""
         if self.on_connect is None:
             return
         try:
-            await self.on_connect(lambda query, params: self._timed(_rows(conn, query, params)))
+            await self.on_connect(
+                lambda query, params: self._within(
+                    self._statement(conn, query, params), self._deadline(until)
+                )
+            )
         except (psycopg.Error, TimeoutError) as exc:
             await _close_quietly(conn)
             raise BackendUnavailableError(f"cannot check the server: {exc}") from exc
@@ -187,7 +171,10 @@ class LockSession:
             await _close_quietly(conn)
             raise
 
-    async def _open_connection(self, what: str) -> psycopg.AsyncConnection[Any]:
+    async def _open_connection(
+        self, what: str, until: float = math.inf
+    ) -> psycopg.AsyncConnection[Any]:
+        timeout = max(0.0, min(self.connect_timeout, until - time.monotonic()))
         try:
             conn = await asyncio.wait_for(
                 psycopg.AsyncConnection.connect(
@@ -195,10 +182,10 @@ class LockSession:
                     autocommit=True,
                     prepare_threshold=None,  # a pooler would mix prepared statements up
                     application_name=self.application_name,
-                    connect_timeout=max(1, int(self.connect_timeout)),
+                    connect_timeout=max(1, math.ceil(timeout)),
                     **keepalive_params(self.drop_after),
                 ),
-                self.connect_timeout,
+                timeout,
             )
         except (psycopg.Error, TimeoutError, OSError) as exc:
             self.connect_failed_at = time.monotonic()
@@ -207,16 +194,24 @@ class LockSession:
         self.connect_failed_at = None
         return conn
 
-    async def _first_pid(self, conn: psycopg.AsyncConnection[Any], token: str) -> int:
+    async def _set_up(self, conn: psycopg.AsyncConnection[Any], token: str, until: float) -> int:
+        """Make the server session's settings and mark it with ``token``, in one round trip;
+        its server pid."""
+        names, values = zip(
+            *server_settings(
+                self.drop_after, self.statement_deadline, conn.info.server_version
+            ).items(),
+            strict=True,
+        )
         try:
-            version = conn.info.server_version
-            for statement in server_settings(self.drop_after, self.statement_deadline, version):
-                await self._timed(conn.execute(statement))
-            cursor = await self._timed(
+            cursor = await self._within(
                 conn.execute(
-                    "SELECT pg_backend_pid(), set_config('replicron.session_token', %s, false)",
-                    [token],
-                )
+                    "SELECT pg_backend_pid(), set_config('replicron.session_token', %s, false),"
+                    " ARRAY(SELECT set_config(name, value, false)"
+                    "       FROM unnest(%s::text[], %s::text[]) AS setting(name, value))",
+                    [token, list(names), list(values)],
+                ),
+                self._deadline(until),
             )
             row = await cursor.fetchone()
         except (psycopg.Error, TimeoutError) as exc:
@@ -225,7 +220,7 @@ class LockSession:
         return int(row[0])
 
     async def _refuse_a_pooler(
-        self, conn: psycopg.AsyncConnection[Any], pid: int, token: str
+        self, conn: psycopg.AsyncConnection[Any], pid: int, token: str, *, with_probe: bool
     ) -> None:
         """Refuse a transaction pooler, which may run each statement on another server session.
 
@@ -233,11 +228,13 @@ class LockSession:
         announces when the connection opens (the cancel key) is its own, not the real one.
         Which mode it pools in cannot be seen for certain, so a pooler is refused unless the
         backend was told it runs in session mode (``session_pooler=True``); then, and for a
-        direct connection, a short-lived probe connection asks for its server session in
-        rounds of two kinds: while the lock session is idle (two client connections never
-        share a server session; a transaction pooler hands the idle one to whoever asks next),
-        and from inside a transaction of its own, after which the lock session must still be
-        on its server session with the setting it made there.
+        direct connection, a short-lived probe connection (``with_probe``: at start-up only,
+        so that a new session after a lost one needs one free connection slot, not two) asks
+        for its server session in rounds of two kinds: while the lock session is idle (two
+        client connections never share a server session; a transaction pooler hands the idle
+        one to whoever asks next), and from inside a transaction of its own, after which the
+        lock session must still be on its server session with the setting it made there. The
+        server session id each locking statement reports is checked on every session.
         """
         pooled = conn.info.backend_pid != pid
         self._direct = not pooled
@@ -249,6 +246,8 @@ class LockSession:
                 f"{self.setting_names.behind_a_pooler()}; or, if the pooler runs in session "
                 f"mode, say so: {self.setting_names.session_pooler}."
             )
+        if not with_probe:
+            return
         probe = await self._open_connection("cannot open the pooler probe")
         try:
             for round_ in range(POOLED_PROBE_ROUNDS if pooled else 1):
@@ -331,7 +330,7 @@ class LockSession:
             params = {**params, "pid": self.backend_pid, "session_token": self._token}
             sent_wall, sent_mono = self._sending()
             try:
-                rows = await self._timed(_rows(conn, query, params))
+                rows = await self._timed(self._statement(conn, query, params))
             except psycopg.errors.TransactionRollback as exc:
                 raise _RolledBack(f"the server rolled the statement back: {exc}") from exc
             except psycopg.OperationalError as exc:
@@ -339,6 +338,13 @@ class LockSession:
                 raise BackendUnavailableError(f"lost the lock session: {exc}") from exc
             self.last_round_trip = RoundTrip(sent_wall, time.time(), sent_mono, time.monotonic())
             return rows
+
+    def _statement(
+        self, conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+    ) -> Awaitable[list[tuple[Any, ...]]]:
+        """One statement on the session. Its server session carries the server's bounds (set
+        as it opened): a statement given up on here ends there as well."""
+        return _rows(conn, query, params)
 
     def _sending(self) -> tuple[float, float]:
         """When (wall, monotonic) the statement about to be sent counts as sent: no later than
@@ -426,15 +432,6 @@ class LockSession:
             orphan.cancel()
         if self._orphans:
             await asyncio.wait(set(self._orphans), timeout=1.0)
-
-
-async def _rows(
-    conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
-) -> list[tuple[Any, ...]]:
-    # Never prepared: on the application's pool (lease mode) the pool's own threshold would
-    # prepare them, and behind a transaction pooler a prepared statement may be missing.
-    cursor = await conn.execute(query.encode(), params, prepare=False)
-    return await cursor.fetchall() if cursor.description else []
 
 
 async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:

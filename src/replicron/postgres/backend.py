@@ -257,6 +257,8 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         options: dict[str, Any] = {
             "application_name": f"replicron {replica_id}"[:63],
             "connect_timeout": self.connect_timeout,
+            # A heartbeat waits behind a new session no longer than a heartbeat interval.
+            "reconnect_deadline": min(self.connect_timeout, self.heartbeat_interval),
             "statement_deadline": self.statement_timeout,
             "drop_after": self.stale_after,
             # Lease mode: nothing is lost with a connection; the leases run out on their own.
@@ -420,7 +422,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
 
     async def namespaces(self) -> dict[str, int]:
         """Every namespace with recorded runs in this database, and its number of rows."""
-        return await read_namespaces(self.conninfo, self.connect_timeout)
+        return await read_namespaces(self._database)
 
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
