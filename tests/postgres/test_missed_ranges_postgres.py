@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import psycopg
 import pytest
@@ -75,7 +76,7 @@ def test_two_replicas_catching_up_one_gap_at_once_cover_each_tick_once(
     # Each tick of the gap in exactly one record: consecutive, none overlapping, none left out.
     assert gap[0][0] == first_tick + SECOND
     assert gap[-1][1] == first_tick + DOWN
-    assert all(a[1] + SECOND == b[0] for a, b in zip(gap, gap[1:], strict=False))
+    assert all(a[1] + SECOND == b[0] for a, b in pairwise(gap))
     assert sum(ticks for _, _, ticks, _ in gap) == DOWN // SECOND
     assert [outcome for *_, outcome in gap] == ["missed"] * (len(gap) - 1) + ["succeeded"]
     assert len([row for row in gap if row[2] > 1]) == 1  # one range, whoever wrote it
