@@ -182,26 +182,12 @@ class Recorder:
         now = registry.clock.now()
         recorded: dict[str, list[RunRecord]] = {}
         if older:
-            spans = [
-                RunRecord(
-                    job,
-                    span.first,
-                    missed,
-                    replica,
-                    None,
-                    None,
-                    now,
-                    why,
-                    False,
-                    None,
-                    span.last,
-                    span.ticks,
-                )
-                for job, span in older.items()
-            ]
-            for record, ours in zip(
-                spans, await self._backend.record_unclaimed(spans), strict=True
-            ):
+            spans: list[RunRecord] = []
+            for job, span in older.items():
+                record = RunRecord(job, span.first, missed, replica, None, None, now, why)
+                spans.append(record._replace(through=span.last, ticks=span.ticks))
+            answers = await self._backend.record_unclaimed(spans)
+            for record, ours in zip(spans, answers, strict=True):
                 if ours:
                     recorded.setdefault(record.job, []).append(record)
                 else:  # another replica recorded ticks in that span: they are its
