@@ -62,6 +62,11 @@ class RunEvent:
     detail: str | None = None
     #: A manual run (``Job.run_now``): ``scheduled_at`` is when it was asked for.
     manual: bool = False
+    #: How many ticks the event stands for: 1, or for a range of missed ticks past the
+    #: enumeration bound (one event, from ``scheduled_at`` through ``last_scheduled_at``) how
+    #: many it holds.
+    ticks: int = 1
+    last_scheduled_at: datetime | None = None
 
     @property
     def lateness(self) -> timedelta | None:
@@ -99,7 +104,8 @@ class Listener:
         because the job is paused (``event.outcome`` says which)."""
 
     def on_missed(self, event: RunEvent) -> Any:
-        """A tick was not run: coalesced into a later one, or dropped at shutdown."""
+        """A tick was not run: coalesced into a later one, or dropped at shutdown. Past the
+        enumeration bound, one call stands for a range of ticks (``event.ticks`` of them)."""
 
     def on_abandoned(self, event: RunEvent) -> Any:
         """A run was cut off (lost lock, shutdown timeout)."""

@@ -234,7 +234,7 @@ class ReplicronCollector:
                 runs = self._runs[event.job] = _JobRuns(
                     _Histogram(len(self._duration_bounds)), _Histogram(len(self._lateness_bounds))
                 )
-            runs.outcomes[outcome.value] = runs.outcomes.get(outcome.value, 0) + 1
+            runs.outcomes[outcome.value] = runs.outcomes.get(outcome.value, 0) + event.ticks
             if duration is not None:
                 runs.duration.observe(self._duration_bounds, max(duration.total_seconds(), 0.0))
             if lateness is not None and not event.manual:

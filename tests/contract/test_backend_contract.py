@@ -12,7 +12,7 @@ what happens when they do not).
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
@@ -23,6 +23,7 @@ from replicron.backends.base import (
     Claim,
     ClaimRequest,
     ClaimStatus,
+    ClusterRegistry,
     Release,
     RunRecord,
 )
@@ -656,5 +657,96 @@ def test_last_ticks_of_several_jobs(backends: Backends) -> None:
             "sync": tick(2),
         }
         assert await a.last_ticks(["cleanup"]) == {"cleanup": tick(9)}
+
+    backends.run(main())
+
+
+# ---- ranges of missed ticks --------------------------------------------------------------
+
+
+def missed_range(
+    backends: Backends, handle: Backend, job: str, first: int, last: int, at: datetime = T0
+) -> RunRecord:
+    """The minutely ticks ``first`` to ``last`` of ``job`` (counting from ``at``), missed, as
+    one range record."""
+    return RunRecord(
+        job,
+        at + timedelta(minutes=first),
+        Outcome.MISSED,
+        backends.replica_id(handle),
+        None,
+        None,
+        None,
+        None,
+        through=at + timedelta(minutes=last),
+        ticks=last - first + 1,
+    )
+
+
+def test_two_replicas_catching_up_one_gap_at_once_record_one_range(backends: Backends) -> None:
+    async def main() -> None:
+        a, b = await backends.open(2)
+        # Both read the same last tick, so their ranges begin at the same tick; their ends
+        # differ by when each looked. One range is recorded, whichever it is.
+        answers = await asyncio.gather(
+            a.record_unclaimed([missed_range(backends, a, "report", 1, 100)]),
+            b.record_unclaimed([missed_range(backends, b, "report", 1, 120)]),
+        )
+        assert sorted(answers) == [[False], [True]]
+        last = 100 if answers[0] == [True] else 120
+        recorded = backends.recorded("report")
+        assert list(recorded) == [tick(1)]
+        assert recorded[tick(1)].outcome == "missed"
+        # Each tick of the range has its record there: none is recorded or claimed again,
+        # its last included; the tick after it is free.
+        inside = [missed(backends, a, "report", n) for n in (2, 50, last)]
+        assert await a.record_unclaimed(inside) == [False, False, False]
+        requests = [ClaimRequest("report", tick(n), n % 2 == 0) for n in (50, last)]
+        assert await b.claim(requests) == [taken("report", 50), taken("report", last)]
+        assert await b.record_unclaimed([missed(backends, b, "report", last + 1)]) == [True]
+        assert await last_tick(a, "report") == tick(last + 1)
+
+    backends.run(main())
+
+
+def test_a_range_is_refused_where_any_record_lies_in_its_span(backends: Backends) -> None:
+    async def main() -> None:
+        a, b = await backends.open(2)
+        assert await a.record_unclaimed([missed_range(backends, a, "report", 10, 20)]) == [True]
+        assert (await claim(b, "report", 30, lock=False)).status is CLAIMED
+        assert await last_tick(b, "report") == tick(30)
+        spans = [(5, 10), (15, 25), (20, 29), (21, 40), (30, 31)]
+        refused = [missed_range(backends, b, "report", *span) for span in spans]
+        assert await b.record_unclaimed(refused) == [False] * len(spans)
+        # Between the range and the claimed tick, and after that tick, ranges fit.
+        fits = [missed_range(backends, b, "report", *span) for span in [(21, 29), (31, 40)]]
+        assert await b.record_unclaimed(fits) == [True, True]
+        assert sorted(backends.recorded("report")) == [tick(10), tick(21), tick(31)]
+        assert await last_tick(a, "report") == tick(40)
+
+    backends.run(main())
+
+
+def test_the_status_counts_every_tick_of_a_range_as_missed(backends: Backends) -> None:
+    async def main() -> None:
+        [a] = await backends.open(1)
+        # Within the last day: the ledger counts the misses of the last day.
+        at = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=3)
+        after = RunRecord(
+            "report",
+            at + timedelta(minutes=121),
+            Outcome.MISSED,
+            backends.replica_id(a),
+            None,
+            None,
+            None,
+            None,
+        )
+        batch = [missed_range(backends, a, "report", 1, 120, at), after]
+        assert await a.record_unclaimed(batch) == [True, True]
+        assert isinstance(a, ClusterRegistry)
+        view = (await a.cluster_status()).job("report")
+        assert view is not None
+        assert view.missed == 121
 
     backends.run(main())

@@ -139,6 +139,7 @@ def test_schema_sql_makes_what_the_migrations_make() -> None:
             "replicron_runs_missed_idx",
             "replicron_runs_open_idx",
             "replicron_runs_pkey",
+            "replicron_runs_ranges_idx",
             "replicron_runs_run_id_seq",
             "replicron_runs_tick_key",
         ]  # the catalog queries see the schema at all

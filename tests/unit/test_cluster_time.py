@@ -86,7 +86,7 @@ def test_ticks_whose_handling_failed_follow_the_catch_up_policy(
         trigger, tick[1], tick[3], tick[3] + timedelta(seconds=9), policy,  # type: ignore[arg-type]
         grace, superseded,
     )  # fmt: skip
-    assert found == ([tick[n] for n in run], [tick[n] for n in missed])
+    assert found == ([tick[n] for n in run], [tick[n] for n in missed], None)
 
 
 def test_ticks_from_lists_both_ends_and_keeps_the_latest_when_there_are_too_many() -> None:

@@ -138,6 +138,7 @@ def test_a_new_state_dir_gets_a_wal_ledger_with_its_migrations(tmp_path: Path) -
         (3, "job_registry_and_pauses"),
         (4, "leader_lease"),
         (5, "run_requests"),
+        (6, "missed_ranges"),
     ]
 
 
@@ -182,7 +183,7 @@ def test_a_ledger_written_by_a_newer_replicron_is_refused(tmp_path: Path) -> Non
         conn.execute("INSERT INTO replicron_migrations VALUES (99, 'future', 0)")
     error = state_error(tmp_path)
     assert error.problem == (
-        "schema version 99 was written by a newer replicron (this one knows up to 5)"
+        "schema version 99 was written by a newer replicron (this one knows up to 6)"
     )
 
 

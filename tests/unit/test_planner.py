@@ -21,9 +21,9 @@ from replicron import cron, every, once
 from replicron._engine.planner import (
     MAX_ENUMERATED_TICKS,
     Planner,
+    Span,
     Tick,
     catch_up_plan,
-    latest_due,
     overlap_action,
 )
 from replicron.triggers import Trigger
@@ -61,7 +61,7 @@ def test_empty_planner() -> None:
     decision = planner.decide(s(1000))
     assert decision.due == []
     assert decision.missed == []
-    assert decision.truncated == set()
+    assert decision.older_missed == {}
     assert decision.wake_at is None
 
 
@@ -262,7 +262,7 @@ def test_decide_one_job(steps: Steps) -> None:
         decision = planner.decide(now)
         assert decision.due == ticks("a", *due)
         assert decision.missed == ticks("a", *missed)
-        assert decision.truncated == set()
+        assert decision.older_missed == {}
         assert decision.wake_at == wake_at
         assert planner.next_due("a") == wake_at
 
@@ -284,7 +284,7 @@ def test_decide_across_many_jobs_sorts_due_ticks_by_time() -> None:
     assert sorted(decision.missed) == sorted(
         ticks("odd", 1, 26) + ticks("sevens", 7, 14, 21, 28, 35, 42, 49)
     )
-    assert decision.truncated == set()
+    assert decision.older_missed == {}
     # Next ticks: hourly 100, minute 120, sevens 63, cron 120, odd 76, once none.
     assert decision.wake_at == s(63)
     assert planner.wake_at() == s(63)
@@ -306,19 +306,18 @@ def test_decide_many_jobs_due_at_the_same_instant() -> None:
 # ---- the enumeration bound ---------------------------------------------------------------
 
 
-def test_a_week_late_per_second_job_is_truncated() -> None:
+def test_a_week_late_per_second_job_lists_its_latest_misses_and_spans_the_rest() -> None:
     planner = Planner()
     planner.add("fast", every(seconds=1), s(0))
     planner.add("slow", every(days=1), s(0))
     now = s(7 * 86400 + 0.5)
     decision = planner.decide(now)
     fast_missed = [t for t in decision.missed if t.job == "fast"]
-    # Exactly MAX listed: the oldest consecutive ones, 1 s .. MAX s.
-    assert len(fast_missed) == MAX_ENUMERATED_TICKS
-    assert fast_missed == ticks("fast", *range(1, MAX_ENUMERATED_TICKS + 1))
-    assert decision.truncated == {"fast"}
-    # The truncated job still runs its latest tick; the other job is unaffected (6 missed,
-    # day 7 runs).
+    # The latest ones are listed, the older ones one span: every tick exactly once.
+    first_listed = 7 * 86400 - MAX_ENUMERATED_TICKS + 1
+    assert fast_missed == ticks("fast", *range(first_listed, 7 * 86400))
+    assert decision.older_missed == {"fast": Span(s(1), s(first_listed - 1), first_listed - 1)}
+    # The job still runs its latest tick; the other job is unaffected (6 missed, day 7 runs).
     assert sorted(decision.due) == [Tick("fast", s(7 * 86400)), Tick("slow", s(7 * 86400))]
     assert sorted(t for t in decision.missed if t.job == "slow") == ticks(
         "slow", *(d * 86400 for d in range(1, 7))
@@ -330,40 +329,39 @@ def test_a_week_late_per_second_job_is_truncated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("now", "missed", "truncated"),
+    ("now", "missed", "older"),
     [
         pytest.param(
             # MAX due ticks: MAX - 1 missed, the latest runs.
             MAX_ENUMERATED_TICKS,
             range(1, MAX_ENUMERATED_TICKS),
-            False,
-            id="exactly-max-due-ticks-is-not-truncated",
+            None,
+            id="exactly-max-due-ticks-are-listed",
         ),
         pytest.param(
             MAX_ENUMERATED_TICKS + 1,
-            range(1, MAX_ENUMERATED_TICKS + 1),
-            False,
-            id="max-missed-plus-one-due-is-not-truncated",
+            range(2, MAX_ENUMERATED_TICKS + 1),
+            (1, 1, 1),
+            id="max-plus-one-due-ticks-span-the-oldest",
         ),
         pytest.param(
-            # MAX + 1 missed: more than MAX, so the job is truncated and only MAX are listed;
-            # the latest tick still runs.
             MAX_ENUMERATED_TICKS + 2,
-            range(1, MAX_ENUMERATED_TICKS + 1),
-            True,
-            id="max-plus-two-due-ticks-is-truncated",
+            range(3, MAX_ENUMERATED_TICKS + 2),
+            (1, 2, 2),
+            id="max-plus-two-due-ticks-span-the-two-oldest",
         ),
     ],
 )
 def test_the_enumeration_bound_of_a_job_every_second(
-    now: int, missed: range, truncated: bool
+    now: int, missed: range, older: tuple[int, int, int] | None
 ) -> None:
     planner = Planner()
     planner.add("a", every(seconds=1), s(0))
     decision = planner.decide(s(now))
     assert decision.due == [Tick("a", s(now))]
     assert decision.missed == ticks("a", *missed)
-    assert decision.truncated == ({"a"} if truncated else set())
+    expected = {} if older is None else {"a": Span(s(older[0]), s(older[1]), older[2])}
+    assert decision.older_missed == expected
     assert decision.wake_at == s(now + 1)
 
 
@@ -614,85 +612,94 @@ def test_catch_up_policies(
 ) -> None:
     assert policy in ("latest", "none", "all")
     result = catch_up_plan(TEN, s(10), s(45), policy, grace)  # type: ignore[arg-type]
-    assert result == ([s(x) for x in run], [s(x) for x in missed], False)
+    assert result == ([s(x) for x in run], [s(x) for x in missed], None)
 
 
 def test_catch_up_latest_tick_exactly_grace_old_is_run() -> None:
     # Grace is inclusive: a tick at most `grace` old still runs.
     result = catch_up_plan(TEN, s(10), s(45), "latest", timedelta(seconds=5))
-    assert result == ([s(40)], [s(20), s(30)], False)
+    assert result == ([s(40)], [s(20), s(30)], None)
     too_old = catch_up_plan(TEN, s(10), s(45), "latest", timedelta(seconds=5) - US)
-    assert too_old == ([], [s(20), s(30), s(40)], False)
+    assert too_old == ([], [s(20), s(30), s(40)], None)
 
 
 @pytest.mark.parametrize("policy", ["latest", "none", "all"])
 @pytest.mark.parametrize("grace", [None, timedelta(seconds=1)])
 def test_catch_up_without_missed_ticks_does_nothing(policy: str, grace: timedelta | None) -> None:
     assert policy in ("latest", "none", "all")
-    nothing: tuple[list[datetime], list[datetime], bool] = ([], [], False)
+    nothing: tuple[list[datetime], list[datetime], None] = ([], [], None)
     assert catch_up_plan(TEN, s(40), s(45), policy, grace) == nothing  # type: ignore[arg-type]
     assert catch_up_plan(TEN, s(40), s(40), policy, grace) == nothing  # type: ignore[arg-type]
     assert catch_up_plan(TEN, s(40), s(50) - US, policy, grace) == nothing  # type: ignore[arg-type]
 
 
 def test_catch_up_includes_a_tick_exactly_at_now_and_excludes_last_tick() -> None:
-    assert catch_up_plan(TEN, s(40), s(50), "latest", None) == ([s(50)], [], False)
-    assert catch_up_plan(TEN, s(40), s(50), "all", None) == ([s(50)], [], False)
-    assert catch_up_plan(TEN, s(40), s(50), "none", None) == ([], [s(50)], False)
+    assert catch_up_plan(TEN, s(40), s(50), "latest", None) == ([s(50)], [], None)
+    assert catch_up_plan(TEN, s(40), s(50), "all", None) == ([s(50)], [], None)
+    assert catch_up_plan(TEN, s(40), s(50), "none", None) == ([], [s(50)], None)
 
 
 def test_catch_up_latest_with_a_single_missed_tick_and_grace() -> None:
     assert catch_up_plan(TEN, s(40), s(52), "latest", timedelta(seconds=3)) == (
         [s(50)],
         [],
-        False,
+        None,
     )
     assert catch_up_plan(TEN, s(40), s(54), "latest", timedelta(seconds=3)) == (
         [],
         [s(50)],
-        False,
+        None,
     )
 
 
 def test_catch_up_of_a_finished_one_time_trigger() -> None:
     trigger = once(s(5), s(15), now=T0)
-    assert catch_up_plan(trigger, s(5), s(100), "latest", None) == ([s(15)], [], False)
-    assert catch_up_plan(trigger, s(0), s(100), "all", None) == ([s(5), s(15)], [], False)
-    assert catch_up_plan(trigger, s(15), s(100), "latest", None) == ([], [], False)
+    assert catch_up_plan(trigger, s(5), s(100), "latest", None) == ([s(15)], [], None)
+    assert catch_up_plan(trigger, s(0), s(100), "all", None) == ([s(5), s(15)], [], None)
+    assert catch_up_plan(trigger, s(15), s(100), "latest", None) == ([], [], None)
 
 
 ONE = every(seconds=1)
 FIRST_MAX = [s(x) for x in range(1, MAX_ENUMERATED_TICKS + 1)]
 
 
-def test_catch_up_exactly_max_ticks_is_not_truncated() -> None:
+def test_catch_up_exactly_max_ticks_is_listed_whole() -> None:
     now = s(MAX_ENUMERATED_TICKS)
-    assert catch_up_plan(ONE, s(0), now, "all", None) == (FIRST_MAX, [], False)
-    assert catch_up_plan(ONE, s(0), now, "none", None) == ([], FIRST_MAX, False)
+    assert catch_up_plan(ONE, s(0), now, "all", None) == (FIRST_MAX, [], None)
+    assert catch_up_plan(ONE, s(0), now, "none", None) == ([], FIRST_MAX, None)
     assert catch_up_plan(ONE, s(0), now, "latest", None) == (
         [now],
         FIRST_MAX[:-1],
-        False,
+        None,
     )
 
 
-@pytest.mark.parametrize("now", [s(MAX_ENUMERATED_TICKS + 1), s(7 * 86400 + 0.5)])
-def test_catch_up_enumeration_bound(now: datetime) -> None:
-    # More ticks fell due than are listed: only the first MAX, and the flag says so.
-    assert catch_up_plan(ONE, s(0), now, "all", None) == (FIRST_MAX, [], True)
-    assert catch_up_plan(ONE, s(0), now, "none", None) == ([], FIRST_MAX, True)
-    assert catch_up_plan(ONE, s(0), now, "none", timedelta(seconds=1)) == ([], FIRST_MAX, True)
-    _, missed, flag = catch_up_plan(ONE, s(0), now, "latest", timedelta(seconds=5))
-    assert missed == FIRST_MAX
-    assert flag is True
+@pytest.mark.parametrize("trigger", [ONE, cron("* * * * * *", seconds=True)], ids=["every", "cron"])
+@pytest.mark.parametrize("behind", [MAX_ENUMERATED_TICKS + 1, 2 * 3600])
+def test_catch_up_past_the_bound_lists_the_latest_ticks_and_spans_the_older_ones(
+    trigger: Trigger, behind: int
+) -> None:
+    now = s(behind + 0.5)
+    latest = [s(x) for x in range(behind - MAX_ENUMERATED_TICKS + 1, behind + 1)]
+    older = Span(s(1), s(behind - MAX_ENUMERATED_TICKS), behind - MAX_ENUMERATED_TICKS)
+    assert catch_up_plan(trigger, s(0), now, "all", None) == (latest, [], older)
+    assert catch_up_plan(trigger, s(0), now, "none", None) == ([], latest, older)
+    assert catch_up_plan(trigger, s(0), now, "latest", timedelta(seconds=1)) == (
+        latest[-1:],
+        latest[:-1],
+        older,
+    )
+    assert catch_up_plan(trigger, s(0), now, "latest", US) == ([], latest, older)
 
 
-def test_catch_up_latest_past_the_bound_still_runs_the_most_recent_tick() -> None:
+def test_a_span_and_the_listed_ticks_cover_every_tick_once() -> None:
     now = s(7 * 86400 + 0.5)
-    run, missed, flag = catch_up_plan(ONE, s(0), now, "latest", None)
+    run, missed, older = catch_up_plan(ONE, s(0), now, "latest", None)
     assert run == [s(7 * 86400)]
-    assert len(missed) == MAX_ENUMERATED_TICKS
-    assert flag is True
+    assert len(missed) == MAX_ENUMERATED_TICKS - 1
+    assert older is not None
+    assert older.ticks + len(missed) + len(run) == 7 * 86400
+    assert older.last + timedelta(seconds=1) == missed[0]
 
 
 # ---- overlap_action ----------------------------------------------------------------------
@@ -769,7 +776,7 @@ def job_plans(draw: st.DrawFn) -> list[JobPlan]:
 
 
 # Each gap between decide() calls is at most 300 s and every interval at least 1 s, so no
-# job can fall more than MAX_ENUMERATED_TICKS behind: nothing is truncated.
+# job can fall more than MAX_ENUMERATED_TICKS behind: nothing is spanned.
 GAPS = st.lists(
     st.integers(0, 300 * MICROS_PER_SECOND)
     | st.integers(0, 300).map(lambda x: x * MICROS_PER_SECOND),
@@ -799,7 +806,7 @@ def test_every_tick_is_reported_exactly_once(
         now_us = previous + gap
         now = at_us(now_us)
         decision = planner.decide(now)
-        assert decision.truncated == set()
+        assert decision.older_missed == {}
         # Due ticks are never in the future, sorted by time, at most one per job.
         assert all(t.scheduled_at <= now for t in decision.due)
         assert all(t.scheduled_at <= now for t in decision.missed)
@@ -829,22 +836,6 @@ def test_every_tick_is_reported_exactly_once(
     assert set(reported) == {
         Tick(plan.name, at_us(t)) for plan in plans for t in plan.ticks_in(add_us, previous)
     }
-
-
-@pytest.mark.parametrize(
-    ("trigger", "due", "now", "expected"),
-    [
-        (every(seconds=1), s(1), s(7 * 86400 + 0.5), s(7 * 86400)),
-        (every(timedelta(microseconds=3)), s(1), s(3600), s(3600)),
-        (cron("0 9 * * mon-fri"), s(0) + timedelta(hours=9), T0 + timedelta(days=400),
-         z(2027, 2, 4, 9)),
-        (every(days=30, anchor=T0), s(30 * 86400), s(30 * 86400), s(30 * 86400)),
-    ],
-)  # fmt: skip
-def test_latest_due_finds_the_last_tick_at_or_before_now(
-    trigger: Trigger, due: datetime, now: datetime, expected: datetime
-) -> None:
-    assert latest_due(trigger, due, now) == expected
 
 
 # ---- prepare: the next instant worked out while idle -------------------------------------

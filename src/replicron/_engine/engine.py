@@ -255,7 +255,7 @@ class Engine:
             if not staying else "left for a replica with a free worker thread; the replicas "
             "that stay joined after it was due, so none of them holds it"
         )  # fmt: skip
-        if await self._guarded(self._recovery.record_missed(left, set(), why), left) is _FAILED:
+        if await self._guarded(self._recovery.record_missed(left, {}, why), left) is _FAILED:
             self._retries.unhandle(left, self.clock.now())
 
     # ---- the loop ----------------------------------------------------------------------
@@ -305,15 +305,15 @@ class Engine:
             if await self._guarded(claimed, manual) is _FAILED:
                 self.registry.manual_again(manual)
                 retries.retry_backend(now)
-        if decision.missed:
-            missed = self._recovery.record_missed(
-                decision.missed, decision.truncated, "a later tick was due"
-            )
+        if decision.missed or decision.older_missed:
+            older = decision.older_missed
+            missed = self._recovery.record_missed(decision.missed, older, "a later tick was due")
             if await self._guarded(missed, decision.missed) is _FAILED:
-                retries.unhandle(decision.missed, now)
+                spans = [Tick(job, span.first) for job, span in older.items()]
+                retries.unhandle(spans + decision.missed, now)
         if replaced:
             why = "a later tick was due before any replica had a free worker thread for it"
-            missed = self._recovery.record_missed(replaced, set(), why)
+            missed = self._recovery.record_missed(replaced, {}, why)
             if await self._guarded(missed, replaced) is _FAILED:
                 retries.unhandle(replaced, now)
         self._stepping = []

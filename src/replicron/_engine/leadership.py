@@ -163,6 +163,9 @@ class Leadership:
         the decision's missed ticks to record, less the leader-mode jobs' unless this replica
         is the leader: a standby neither claims nor records them."""
         decision.missed = self._sifted(decision.missed)
+        if decision.older_missed and self._contending and not self.leading():
+            older = decision.older_missed.items()
+            decision.older_missed = {job: span for job, span in older if not self.led(job)}
         return self._sifted(immediate + decision.due)
 
     def _sifted(self, ticks: list[Tick]) -> list[Tick]:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Literal, NamedTuple
 
 from replicron.backends.base import LastFinish
-from replicron.triggers import Trigger
+from replicron.triggers import IntervalTrigger, Trigger
 
 from .chain import KEEP, Chain, chain_of
 
@@ -23,16 +23,19 @@ __all__ = [
     "CatchUp",
     "Decision",
     "Planner",
+    "Span",
     "Tick",
+    "Walk",
     "catch_up_plan",
-    "latest_due",
     "overlap_action",
     "resync_plan",
     "ticks_from",
+    "walk",
 ]
 
-#: How many consecutive missed ticks of one job are enumerated (and recorded) one by one;
-#: past that (a laptop suspended for days with a per-second job) the rest are counted only.
+#: How many consecutive missed ticks of one job are enumerated (and recorded) one by one:
+#: the latest ones. Past that (a laptop suspended for days with a per-second job) the older
+#: ones are one range record (first, last, count), so each tick still has exactly one record.
 MAX_ENUMERATED_TICKS = 1000
 _EPSILON = timedelta(microseconds=1)
 
@@ -49,15 +52,34 @@ def _tick_time(tick: Tick) -> datetime:
     return tick.scheduled_at
 
 
+class Span(NamedTuple):
+    """Consecutive ticks of one job, ``first`` to ``last`` (both included), ``ticks`` of them."""
+
+    first: datetime
+    last: datetime
+    ticks: int
+
+
+class Walk(NamedTuple):
+    """A trigger's ticks over a stretch of time: the latest :data:`MAX_ENUMERATED_TICKS`
+    (``listed``, oldest first), the ones before them as one span (``older``, ``None`` when
+    none are left out), and the trigger's first tick past the stretch (``after``)."""
+
+    listed: list[datetime]
+    older: Span | None
+    after: datetime | None
+
+
 @dataclass(slots=True)
 class Decision:
     """What to do at ``now``: run ``due`` (oldest first), record ``missed``, then sleep until
-    ``wake_at`` (``None``: no job has a future tick). ``truncated`` names the jobs that missed
-    more ticks than :data:`MAX_ENUMERATED_TICKS`: only that many are listed."""
+    ``wake_at`` (``None``: no job has a future tick). A job that missed more ticks than
+    :data:`MAX_ENUMERATED_TICKS` has its latest ones listed in ``missed`` and the older
+    ones as one span in ``older_missed``."""
 
     due: list[Tick] = field(default_factory=list)
     missed: list[Tick] = field(default_factory=list)
-    truncated: set[str] = field(default_factory=set)
+    older_missed: dict[str, Span] = field(default_factory=dict)
     wake_at: datetime | None = None
 
 
@@ -214,14 +236,17 @@ class Planner:
                 entry.chain.hand_out(entry.next_due)
                 entry.next_due = None
                 continue
-            tick, following, missed, truncated = self._coalesce(entry, entry.next_due, now)
+            tick, following, missed, older = self._coalesce(entry, entry.next_due, now)
             earlier = prepared.pop(job, None)
             if earlier is not None:  # a later tick is due too: the prepared one is coalesced
-                missed.insert(0, earlier.scheduled_at)
+                if older is None:
+                    missed.insert(0, earlier.scheduled_at)
+                else:
+                    older = Span(earlier.scheduled_at, older.last, older.ticks + 1)
             if missed:
                 decision.missed.extend(Tick(job, t) for t in missed)
-            if truncated:
-                decision.truncated.add(job)
+            if older is not None:
+                decision.older_missed[job] = older
             if tick is not None:
                 popped.append(Tick(job, tick))
                 self._set_next(job, entry, following)
@@ -293,21 +318,16 @@ class Planner:
 
     def _coalesce(
         self, entry: _Entry, first: datetime, now: datetime
-    ) -> tuple[datetime | None, datetime | None, list[datetime], bool]:
-        """(tick to run, the tick after it, older ticks missed, whether more were missed than
-        listed)."""
-        missed: list[datetime] = []
-        tick = first
-        while True:
-            following = self._bounded(entry, entry.trigger.next_after(tick))
-            if following is None or following > now:
-                return tick, following, missed, False
-            if len(missed) == MAX_ENUMERATED_TICKS:
-                latest = self._bounded(entry, latest_due(entry.trigger, following, now))
-                after = None if latest is None else entry.trigger.next_after(latest)
-                return latest, self._bounded(entry, after), missed, True
-            missed.append(tick)
-            tick = following
+    ) -> tuple[datetime | None, datetime | None, list[datetime], Span | None]:
+        """(tick to run, the tick after it, the latest older ticks missed, the span of those
+        missed before them)."""
+        following = self._bounded(entry, entry.trigger.next_after(first))
+        if following is None or following > now:  # the usual case: not behind
+            return first, following, [], None
+        until = now if entry.stop_at is None else min(now, entry.stop_at - _EPSILON)
+        walked = walk(entry.trigger, first, until)
+        *missed, tick = walked.listed
+        return tick, self._bounded(entry, walked.after), missed, walked.older
 
     def _bounded(self, entry: _Entry, tick: datetime | None) -> datetime | None:
         if tick is None or (entry.stop_at is not None and tick >= entry.stop_at):
@@ -335,33 +355,23 @@ def catch_up_plan(
     now: datetime,
     policy: CatchUp,
     grace: timedelta | None,
-) -> tuple[list[datetime], list[datetime], bool]:
+) -> tuple[list[datetime], list[datetime], Span | None]:
     """Ticks that fell due in ``(last_tick, now]`` while no replica was up.
 
-    Returns (ticks to run now, ticks to record as missed, whether more fell due than listed).
-    ``latest`` runs the most recent one if it is at most ``grace`` old (``None``: any age),
-    ``all`` runs every one (up to the listing bound), ``none`` runs none.
+    Returns (ticks to run now, ticks to record as missed, the span of older ticks to record
+    as missed in one record). Only the latest :data:`MAX_ENUMERATED_TICKS` are listed; the
+    policy decides among them: ``latest`` runs the most recent one if it is at most ``grace``
+    old (``None``: any age), ``all`` runs every listed one, ``none`` runs none.
     """
-    ticks: list[datetime] = []
-    current = trigger.next_after(last_tick)
-    while current is not None and current <= now and len(ticks) < MAX_ENUMERATED_TICKS:
-        ticks.append(current)
-        current = trigger.next_after(current)
-    truncated = current is not None and current <= now
+    walked = walk(trigger, trigger.next_after(last_tick), now)
+    ticks, older = walked.listed, walked.older
     if not ticks or policy == "none":
-        return [], ticks, truncated
+        return [], ticks, older
     if policy == "all":
-        return ticks, [], truncated
-    if truncated:
-        assert current is not None
-        latest = latest_due(trigger, current, now)
-        missed = ticks
-    else:
-        latest, missed = ticks[-1], ticks[:-1]
-    if grace is not None and now - latest > grace:
-        # Too old to run; when truncated, `latest` lies beyond the listed ticks.
-        return [], missed if truncated else ticks, truncated
-    return [latest], missed, truncated
+        return ticks, [], older
+    if grace is not None and now - ticks[-1] > grace:
+        return [], ticks, older
+    return ticks[-1:], ticks[:-1], older
 
 
 def resync_plan(
@@ -372,56 +382,68 @@ def resync_plan(
     policy: CatchUp,
     grace: timedelta | None,
     superseded: bool,
-) -> tuple[list[datetime], list[datetime]]:
+) -> tuple[list[datetime], list[datetime], Span | None]:
     """Ticks from ``first`` to ``last`` whose handling failed (the backend was unreachable),
     handled like ticks missed while no replica was up: returns (ticks to run now, ticks to
-    record as missed). ``superseded``: a later tick of the job is due now, so none of these
-    runs (it coalesces them)."""
-    ticks = ticks_from(trigger, first, last)
+    record as missed, the span of older ticks to record as missed in one record).
+    ``superseded``: a later tick of the job is due now, so none of these runs (it coalesces
+    them)."""
+    walked = walk(trigger, first, last)
+    ticks, older = walked.listed, walked.older
     if not ticks or superseded or policy == "none":
-        return [], ticks
+        return [], ticks, older
     if policy == "all":
-        return ticks, []
+        return ticks, [], older
     latest = ticks[-1]
     if grace is not None and now - latest > grace:
-        return [], ticks
-    return [latest], ticks[:-1]
+        return [], ticks, older
+    return [latest], ticks[:-1], older
 
 
 def ticks_from(trigger: Trigger, first: datetime, last: datetime) -> list[datetime]:
     """The trigger's ticks from ``first`` (one of them) to ``last``, both included; at most
-    the latest :data:`MAX_ENUMERATED_TICKS`."""
-    ticks: deque[datetime] = deque(maxlen=MAX_ENUMERATED_TICKS)
-    current: datetime | None = first
-    while current is not None and current <= last:
-        ticks.append(current)
+    the latest :data:`MAX_ENUMERATED_TICKS` (:func:`walk` tells the older ones too)."""
+    return walk(trigger, first, last).listed
+
+
+def walk(trigger: Trigger, first: datetime | None, until: datetime) -> Walk:
+    """The trigger's ticks from ``first`` (one of them, or ``None``) to ``until``, both
+    included: the latest :data:`MAX_ENUMERATED_TICKS` listed, the older ones counted into one
+    span. The count is exact: a plain interval's older ticks are counted by arithmetic,
+    other triggers' one by one (about 20 µs a tick)."""
+    listed: deque[datetime] = deque(maxlen=MAX_ENUMERATED_TICKS)
+    older_first: datetime | None = None
+    older_last: datetime | None = None
+    older = 0
+    current = first
+    step = _regular_step(trigger)
+    if step is not None and current is not None and current <= until:
+        skipped = (until - current) // step + 1 - MAX_ENUMERATED_TICKS
+        if skipped > 0:
+            older_first, older_last = current, current + (skipped - 1) * step
+            older, current = skipped, current + skipped * step
+    while current is not None and current <= until:
+        if len(listed) == MAX_ENUMERATED_TICKS:
+            older_last = listed[0]  # appending drops it from the listed ones
+            if older_first is None:
+                older_first = older_last
+            older += 1
+        listed.append(current)
         current = trigger.next_after(current)
-    return list(ticks)
+    span = None
+    if older_first is not None and older_last is not None:
+        span = Span(older_first, older_last, older)
+    return Walk(list(listed), span, current)
 
 
-def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:
-    """The last tick at or before ``now``, given a tick ``due <= now``.
-
-    Triggers only look forward, so look at windows ``(now - span, now]``: by the suffix
-    property ``next_after(now - span)`` is the window's first tick. The span doubles while the
-    window is empty and shrinks while it holds too many ticks to walk.
-    """
-    span = timedelta(seconds=1)
-    found = due
-    for _ in range(200):
-        start = max(now - span, due - _EPSILON)
-        first = trigger.next_after(start)
-        if first is None or first > now:
-            span *= 2
-            continue
-        found = first
-        for _ in range(MAX_ENUMERATED_TICKS):
-            following = trigger.next_after(found)
-            if following is None or following > now:
-                return found
-            found = following
-        span /= 4  # too many ticks in the window to walk: a narrower one
-    return found
+def _regular_step(trigger: Trigger) -> timedelta | None:
+    """The spacing of ``trigger``'s ticks where every one is the last plus it (an interval
+    without jitter or random gaps), else ``None``."""
+    if isinstance(trigger, IntervalTrigger) and trigger.jitter is None:
+        interval = trigger.interval
+        if trigger.between is None and isinstance(interval, timedelta):
+            return interval
+    return None
 
 
 Action = Literal["run", "skip", "queue"]

@@ -4,7 +4,8 @@ written to the backend in batches."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 
 from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_record
 from replicron.events import Outcome, RunEvent
@@ -12,7 +13,7 @@ from replicron.events import Outcome, RunEvent
 from .background import Background
 from .lifecycle import Lifecycle
 from .observe import Observer
-from .planner import Tick
+from .planner import Span, Tick
 from .registry import JobRegistry, JobState, event_of
 
 __all__ = ["Recorder"]
@@ -45,6 +46,14 @@ AfterRelease = Callable[[Sequence[JobState | None]], Awaitable[None]]
 
 async def _nothing_waits(states: Sequence[JobState | None]) -> None:
     return None
+
+
+def _first_tick(record: RunRecord) -> datetime:
+    return record.scheduled_at
+
+
+def _last_tick(record: RunRecord) -> datetime:
+    return record.scheduled_at if record.through is None else record.through
 
 
 class Recorder:
@@ -162,12 +171,34 @@ class Recorder:
                 await self.after_release(states)
 
     async def record_missed(
-        self, ticks: list[Tick], truncated: set[str], why: str = "a later tick was due"
+        self, ticks: list[Tick], older: Mapping[str, Span], why: str = "a later tick was due"
     ) -> list[Tick]:
-        """Record ``ticks`` missed, where no replica has them; returns those the backend
-        found not yet due by its clock (ours runs ahead): they are to be claimed shortly."""
+        """Record ``ticks`` missed, where no replica has them, and each job's span in
+        ``older`` as one record (before the ticks: a tick inside a range recorded meanwhile
+        by another replica is then refused). Logs one WARNING per job, however many ticks.
+        Returns the ticks the backend found not yet due by its clock (ours runs ahead): they
+        are to be claimed shortly."""
         missed, replica, registry = Outcome.MISSED, self.replica_id, self._registry
         now = registry.clock.now()
+        recorded: dict[str, list[RunRecord]] = {}
+        if older:
+            spans: list[RunRecord] = []
+            for job, span in older.items():
+                record = RunRecord(job, span.first, missed, replica, None, None, now, why)
+                spans.append(record._replace(through=span.last, ticks=span.ticks))
+            answers = await self._backend.record_unclaimed(spans)
+            for record, ours in zip(spans, answers, strict=True):
+                if ours:
+                    recorded.setdefault(record.job, []).append(record)
+                else:  # another replica recorded ticks in that span: they are its
+                    self._observer.log(
+                        _DEBUG,
+                        "missed",
+                        f"{record.ticks} missed ticks from "
+                        f"{record.scheduled_at.isoformat()} already have records",
+                        record.job,
+                        record.scheduled_at,
+                    )
         records = [
             RunRecord(
                 t.job, t.scheduled_at, missed, replica, None, None, now, why, False,
@@ -175,16 +206,41 @@ class Recorder:
             )
             for t in ticks
         ]  # fmt: skip
-        recorded = await self._backend.record_unclaimed(records)
         early: list[Tick] = []
-        for record, ours in zip(records, recorded, strict=True):
-            if ours:
-                self.report(record, self._registry.get(record.job), detail=why)
-            elif ours is None:
-                early.append(Tick(record.job, record.scheduled_at))
-        for name in truncated:
-            self._observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
+        if records:
+            answers = await self._backend.record_unclaimed(records)
+            for record, ours in zip(records, answers, strict=True):
+                if ours:
+                    recorded.setdefault(record.job, []).append(record)
+                elif ours is None:
+                    early.append(Tick(record.job, record.scheduled_at))
+        for job_records in recorded.values():
+            self._report_missed(job_records, why)
         return early
+
+    def _report_missed(self, records: list[RunRecord], why: str) -> None:
+        """One job's missed ticks just recorded: one WARNING however many they are, and
+        each record told to the listeners (a range as one event, with its count)."""
+        if len(records) == 1 and records[0].through is None:
+            self.report(records[0], self._registry.get(records[0].job), detail=why)
+            return
+        first = min(records, key=_first_tick)
+        latest = max(records, key=_last_tick)
+        state = self._registry.get(first.job)
+        if state is not None:
+            state.last_record = pack_record(latest)
+            state.last_error, state.last_detail = None, why
+        count = sum(record.ticks for record in records)
+        self._observer.log(
+            _WARNING,
+            Outcome.MISSED.value,
+            f"{count} ticks missed, from this one through {_last_tick(latest).isoformat()}: {why}",
+            first.job,
+            first.scheduled_at,
+        )
+        if self._observer.listeners:
+            for record in records:
+                self._observer.notify("on_missed", event_of(record, None, why))
 
     def lock_error(self, ticks: list[Tick], exc: Exception) -> None:
         self._observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)

@@ -13,7 +13,7 @@ from replicron.backends.base import Backend
 from replicron.triggers import FixedDelayTrigger
 
 from .observe import Observer
-from .planner import Tick, catch_up_plan, resync_plan, ticks_from
+from .planner import Span, Tick, catch_up_plan, resync_plan, walk
 from .recorder import Recorder
 from .registry import JobRegistry
 from .retries import Retries
@@ -39,9 +39,10 @@ class Recovery:
         self._backend, self._registry, self._recorder = backend, registry, recorder
         self._retries, self._observer = retries, observer
 
-    async def record_missed(self, ticks: list[Tick], truncated: set[str], why: str) -> None:
-        """Record ``ticks`` missed; those not yet due by the backend's clock are retried."""
-        early = await self._recorder.record_missed(ticks, truncated, why)
+    async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> None:
+        """Record ``ticks`` missed, and each job's span in ``older`` as one record; those not
+        yet due by the backend's clock are retried."""
+        early = await self._recorder.record_missed(ticks, older, why)
         now = self._registry.clock.now()
         for tick in early:
             self._retries.early(tick, now)
@@ -53,6 +54,8 @@ class Recovery:
         none, since its instant in ``since``): returns the first to run now (the rest of a
         backlog runs one after another); records the others."""
         runs: list[Tick] = []
+        missed: list[Tick] = []
+        older: dict[str, Span] = {}
         lasts = await self._backend.last_ticks(names)
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
@@ -63,7 +66,7 @@ class Recovery:
             if state is None or last is None or isinstance(state.spec.trigger, FixedDelayTrigger):
                 continue
             spec = state.spec
-            due, missed, truncated = catch_up_plan(
+            due, skipped, span = catch_up_plan(
                 spec.trigger, last, now, spec.catch_up, spec.misfire_grace
             )
             if due:
@@ -71,12 +74,12 @@ class Recovery:
                 runs.append(Tick(name, due[0]))
                 if len(due) > 1:
                     state.backlog = deque(due[1:])
-            if missed:
-                await self.record_missed(
-                    [Tick(name, t) for t in missed],
-                    {name} if truncated else set(),
-                    "no replica ran it when it fell due (caught up on start)",
-                )
+            missed += [Tick(name, t) for t in skipped]
+            if span is not None:
+                older[name] = span
+        if missed or older:
+            why = "no replica ran it when it fell due (caught up on start)"
+            await self.record_missed(missed, older, why)
         return runs
 
     async def resync(self, now: datetime, due_now: set[str]) -> list[Tick]:
@@ -85,12 +88,13 @@ class Recovery:
         unhandled = self._retries.take_unhandled()
         runs: list[Tick] = []
         missed: list[Tick] = []
+        older: dict[str, Span] = {}
         for name, (first, last) in unhandled.items():
             state = self._registry.get(name)
             if state is None:
                 continue
             spec = state.spec
-            run, skip = resync_plan(
+            run, skip, span = resync_plan(
                 spec.trigger, first, last, now, spec.catch_up, spec.misfire_grace,
                 superseded=name in due_now,
             )  # fmt: skip
@@ -99,18 +103,22 @@ class Recovery:
                 if len(run) > 1:
                     state.backlog = deque(run[1:])
             missed += [Tick(name, tick) for tick in skip]
-        if missed:
+            if span is not None:
+                older[name] = span
+        if missed or older:
             why = "the backend was unreachable when it fell due"
             try:
-                await self.record_missed(missed, set(), why)
+                await self.record_missed(missed, older, why)
             except Exception as exc:
                 self._recorder.lock_error(missed, exc)
-                self._retries.unhandle(missed + runs, now)
+                spans = [Tick(name, span.first) for name, span in older.items()]
+                self._retries.unhandle(spans + missed + runs, now)
                 return []
-        if runs or missed:
+        if runs or missed or older:
+            count = len(missed) + sum(span.ticks for span in older.values())
             self._observer.log(
                 _WARNING, "resync",
-                f"backend reachable again: {len(runs)} ticks to run, {len(missed)} recorded "
+                f"backend reachable again: {len(runs)} ticks to run, {count} recorded "
                 "missed (by each job's catch_up and misfire_grace)",
             )  # fmt: skip
         return runs
@@ -119,15 +127,18 @@ class Recovery:
         """Ticks whose handling failed with the backend, at shutdown: recorded missed if the
         backend answers within ``limit`` seconds, else named in an ERROR record."""
         unhandled = self._retries.take_unhandled()
-        ticks = [
-            Tick(name, tick)
-            for name, (first, last) in unhandled.items()
-            if (state := self._registry.get(name)) is not None
-            for tick in ticks_from(state.spec.trigger, first, last)
-        ]
+        ticks: list[Tick] = []
+        older: dict[str, Span] = {}
+        for name, (first, last) in unhandled.items():
+            if (state := self._registry.get(name)) is None:
+                continue
+            walked = walk(state.spec.trigger, first, last)
+            ticks += [Tick(name, tick) for tick in walked.listed]
+            if walked.older is not None:
+                older[name] = walked.older
         why = "the backend was unreachable when it fell due, and the scheduler shut down"
         try:
-            await asyncio.wait_for(self._recorder.record_missed(ticks, set(), why), limit)
+            await asyncio.wait_for(self._recorder.record_missed(ticks, older, why), limit)
         except Exception as exc:
             listed = ", ".join(f"{job}@{tick.isoformat()}" for job, tick in ticks)
             self._observer.log(

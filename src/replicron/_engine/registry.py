@@ -73,7 +73,8 @@ def event_of(
 ) -> RunEvent:
     return RunEvent(
         record.job, record.scheduled_at, record.replica_id, record.run_id, record.outcome,
-        record.started_at, record.finished_at, error, detail, record.manual,
+        record.started_at, record.finished_at, error, detail, record.manual, record.ticks,
+        record.through,
     )  # fmt: skip
 
 

@@ -283,6 +283,32 @@ class Ledger:
         )  # fmt: skip
         return cursor.rowcount == 1
 
+    @staticmethod
+    def insert_missed_range(
+        conn: sqlite3.Connection,
+        job: str,
+        span: tuple[int, int, int],
+        error: str | None,
+        claimant: Claimant,
+    ) -> bool:
+        """Record missed the ticks ``span`` = (first, last, how many) in one row, unless a
+        record of ``job`` lies in that span; whether this call did."""
+        first, last, ticks = span
+        cursor = conn.execute(
+            sql("insert_missed_range"),
+            {
+                "job": job,
+                "tick": first,
+                "through": last,
+                "ticks": ticks,
+                "now": now_us(),
+                "replica": claimant.replica,
+                "pid": claimant.pid,
+                "error": error,
+            },
+        )
+        return cursor.rowcount == 1
+
     # ---- reads and housekeeping -----------------------------------------------------------
 
     def last_ticks(self, jobs: Sequence[str]) -> dict[str, int]:

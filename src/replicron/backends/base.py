@@ -127,6 +127,11 @@ class RunRecord(NamedTuple):
     #: scheduled runs across every replica its later ticks are not ticks of the job, and
     #: nothing is recorded for them (answered ``False``). Not kept in a :data:`PackedRecord`.
     max_runs: int | None = None
+    #: A range of missed ticks (see ``record_unclaimed``): the last of them; ``scheduled_at``
+    #: is the first. ``None`` for a record of one tick.
+    through: datetime | None = None
+    #: How many ticks the record stands for: 1, or the ticks of its range.
+    ticks: int = 1
 
 
 class _OfATick(Protocol):
@@ -244,11 +249,18 @@ class Backend(Protocol):
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         """Record outcomes of ticks nobody ran (missed) unless another replica already
         recorded the tick; True where this call recorded it, None where the tick is not yet
-        due by the coordinator's clock (nothing recorded: claim it when it is due)."""
+        due by the coordinator's clock (nothing recorded: claim it when it is due).
+
+        A record with ``through`` is a range: the missed ticks from ``scheduled_at`` through
+        ``through``, ``ticks`` of them, in one row keyed by its first tick. It is recorded
+        only if no record of the job (a tick's or another range's) lies in its span: else
+        nothing is (False), and the ticks are somebody else's. A tick inside a recorded range
+        has its record: recording it again is refused. ``last_ticks`` counts a range by its
+        last tick."""
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
-        """The latest tick of each job recorded by anybody (jobs never recorded are left
-        out; manual runs are not ticks)."""
+        """The latest tick of each job recorded by anybody, a range of missed ticks by its
+        last (jobs never recorded are left out; manual runs are not ticks)."""
 
     def clock_offset(self) -> timedelta | None:
         """How far the coordinator's clock is ahead of this process's (``None``: the

@@ -409,6 +409,12 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                 if limit is not None and Ledger.runs_reached(conn, job, limit):
                     answers.append(False)  # the job has run its max_runs: no more ticks
                     continue
+                if record.through is not None:
+                    span = (tick, to_micros(record.through), record.ticks)
+                    answers.append(
+                        Ledger.insert_missed_range(conn, job, span, record.error, self._claimant)
+                    )
+                    continue
                 answers.append(
                     Ledger.insert_finished(
                         conn, job, tick, record.outcome, record.error, self._claimant

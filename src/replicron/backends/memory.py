@@ -80,6 +80,23 @@ class _JobState:
     # The outcome of a tick of the trigger, kept however many manual runs follow it: the
     # latest one is what a fixed-delay job's next tick follows.
     last_tick_end: PackedRecord | None = None
+    # Ranges of missed ticks, by their first tick's key: (last tick's key, how many ticks).
+    # Both ends are in ``claimed`` too, so a claim of a tick inside one takes the slow path.
+    ranges: dict[float, tuple[float, int]] = field(default_factory=dict)
+
+    def in_range(self, key: float) -> bool:
+        return any(first <= key <= last for first, (last, _) in self.ranges.items())
+
+    def has_record_within(self, first: float, last: float) -> bool:
+        """Whether a tick's record or a range lies (partly) in ``first``..``last`` (here
+        manual runs count too: their keys are among the claimed ones)."""
+        claimed, dropped = self.claimed, self.dropped_up_to
+        if dropped is not None and first <= dropped:
+            return True
+        at = bisect_left(claimed, first)
+        if at < len(claimed) and claimed[at] <= last:
+            return True
+        return any(a <= last and first <= b for a, (b, _) in self.ranges.items())
 
     def keep(self, record: RunRecord) -> None:
         packed = pack_record(record)
@@ -248,6 +265,8 @@ class MemoryBackend:
             at = bisect_left(claimed, key)
             if at < len(claimed) and claimed[at] == key:
                 return False
+            if job.ranges and job.in_range(key):
+                return False
             claimed.insert(at, key)
         if len(claimed) > TICKS_KEPT:
             drop = max(1, TICKS_KEPT // 8)
@@ -287,11 +306,26 @@ class MemoryBackend:
                 if limit is not None and not record.manual and job.runs >= limit:
                     done.append(False)  # the job ran its max_runs: no more ticks
                     continue
-                taken = self._take_tick(job, record.scheduled_at)
+                if record.through is None:
+                    taken = self._take_tick(job, record.scheduled_at)
+                else:
+                    taken = self._take_range(job, record.scheduled_at, record.through, record.ticks)
                 if taken:
                     job.keep(record)
                 done.append(taken)
         return done
+
+    def _take_range(self, job: _JobState, first: datetime, last: datetime, ticks: int) -> bool:
+        """Insert a range of missed ticks unless a record of the job lies in its span."""
+        first_key, last_key = first.timestamp(), last.timestamp()
+        if job.has_record_within(first_key, last_key):
+            return False
+        for key in (first_key, last_key):
+            job.claimed.insert(bisect_left(job.claimed, key), key)
+        job.ranges[first_key] = (last_key, ticks)
+        if job.last_tick is None or last > job.last_tick:
+            job.last_tick = last
+        return True
 
     def clock_offset(self) -> timedelta | None:
         return None  # the processes share this host's clock
@@ -411,7 +445,11 @@ def _job_status(name: str, job: _JobState) -> JobStatus:
         last.error if last else None,
         max(successes, default=None),
         running,
-        sum(r.outcome is Outcome.MISSED for r in history),
+        sum(
+            job.ranges.get(r.scheduled_at.timestamp(), (0.0, 1))[1]
+            for r in history
+            if r.outcome is Outcome.MISSED
+        ),
         (),
         job.last_tick,
     )

@@ -180,6 +180,8 @@ class OutcomeWrites:
 
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
         await self._housekeeper.admit()
+        if any(record.through is not None for record in records):
+            return await self._record_ranges(records)
         unique, where = once_per_tick(records)  # a record listed twice is recorded once
         ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         with self._tokens.attempt(ticks) as tokens:
@@ -206,6 +208,31 @@ class OutcomeWrites:
             if answer:
                 self._housekeeper.server.journal.ended(record)
         return answer_each(records, answers, where, unrecorded_repeat)
+
+    async def _record_ranges(self, records: Sequence[RunRecord]) -> list[bool | None]:
+        """Ranges of missed ticks, each in one row, in a statement of their own before the
+        ticks' own records (those inside a range just recorded are then refused)."""
+        ranges = [r for r in records if r.through is not None]
+        rows = await self._fetch(
+            "record_missed_ranges",
+            retry=True,  # a first try's range, found in the span, refuses the retry's
+            jobs=[r.job for r in ranges],
+            firsts=[r.scheduled_at for r in ranges],
+            lasts=[r.through for r in ranges],
+            counts=[r.ticks for r in ranges],
+            errors=[r.error for r in ranges],
+            replica=self.replica_id,
+        )
+        recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
+        ticks = [r for r in records if r.through is None]
+        answers = iter(await self.record_unclaimed(ticks) if ticks else [])
+        found: list[bool | None] = []
+        for record in records:
+            if record.through is None:
+                found.append(next(answers))
+            else:
+                found.append((record.job, record.scheduled_at.astimezone(UTC)) in recorded)
+        return found
 
     async def _last_writes(self) -> None:
         await self._write_pending()

@@ -70,7 +70,12 @@ INSERT INTO replicron_migrations (version, name, applied_at) VALUES (:version, :
 -- name: claim_insert
 -- Insert the tick's row unless anybody has it (then nothing changes: rowcount 0).
 INSERT INTO replicron_runs (job, scheduled_at, manual, replica_id, pid, pid_start, claimed_at)
-VALUES (:job, :tick, :manual, :replica, :pid, :pid_start, :now)
+SELECT :job, :tick, :manual, :replica, :pid, :pid_start, :now
+WHERE NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+    SELECT 1 FROM replicron_runs missed
+    WHERE missed.job = :job AND missed.scheduled_through >= :tick
+      AND missed.scheduled_at < :tick AND missed.scheduled_through IS NOT NULL
+)
 ON CONFLICT (job, scheduled_at) DO NOTHING;
 
 -- name: runs_reached
@@ -123,12 +128,40 @@ WHERE job = :job AND scheduled_at = :tick;
 -- A tick nobody ran (missed), unless anybody has its row.
 INSERT INTO replicron_runs
     (job, scheduled_at, replica_id, pid, claimed_at, finished_at, outcome, error)
-VALUES (:job, :tick, :replica, :pid, :now, :now, :outcome, :error)
+SELECT :job, :tick, :replica, :pid, :now, :now, :outcome, :error
+WHERE NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+    SELECT 1 FROM replicron_runs missed
+    WHERE missed.job = :job AND missed.scheduled_through >= :tick
+      AND missed.scheduled_at < :tick AND missed.scheduled_through IS NOT NULL
+)
+ON CONFLICT (job, scheduled_at) DO NOTHING;
+
+-- name: insert_missed_range
+-- Missed ticks :tick through :through (:ticks of them) in one row keyed by the first, unless
+-- any record of the job lies in that span: a tick's row, or another range reaching into it
+-- (manual runs are not ticks: they lie off the job's ticks).
+INSERT INTO replicron_runs
+    (job, scheduled_at, scheduled_through, ticks, replica_id, pid, claimed_at, finished_at,
+     outcome, error)
+SELECT :job, :tick, :through, :ticks, :replica, :pid, :now, :now, 'missed', :error
+WHERE NOT EXISTS (
+    SELECT 1 FROM replicron_runs run
+    WHERE run.job = :job AND run.scheduled_at BETWEEN :tick AND :through AND run.manual = 0
+) AND NOT EXISTS (
+    SELECT 1 FROM replicron_runs missed
+    WHERE missed.job = :job AND missed.scheduled_through >= :tick
+      AND missed.scheduled_at < :tick AND missed.scheduled_through IS NOT NULL
+)
 ON CONFLICT (job, scheduled_at) DO NOTHING;
 
 -- name: last_tick
--- The job's latest tick (manual runs are not ticks): a single index lookup.
-SELECT max(scheduled_at) FROM replicron_runs WHERE job = :job AND manual = 0;
+-- The job's latest tick (manual runs are not ticks), a range of missed ticks by its last: two
+-- index lookups.
+SELECT max(
+    (SELECT max(scheduled_at) FROM replicron_runs WHERE job = :job AND manual = 0),
+    coalesce((SELECT max(scheduled_through) FROM replicron_runs
+              WHERE job = :job AND scheduled_through IS NOT NULL), 0)
+);
 
 -- name: last_finish
 -- The job's latest tick (manual runs are not ticks) and how it ended: one index lookup.
@@ -272,10 +305,12 @@ ORDER BY scheduled_at DESC
 LIMIT 1;
 
 -- name: job_tallies
--- The job's latest success, its misses since :since, and its latest tick.
+-- The job's latest success, its missed ticks since :since (a range counts all its ticks when
+-- its last is since then), and its latest tick (a range's last).
 SELECT max(finished_at) FILTER (WHERE outcome = :succeeded),
-       count(*) FILTER (WHERE outcome = :missed AND scheduled_at > :since),
-       max(scheduled_at) FILTER (WHERE manual = 0)
+       coalesce(sum(ticks) FILTER (
+           WHERE outcome = :missed AND coalesce(scheduled_through, scheduled_at) > :since), 0),
+       max(coalesce(scheduled_through, scheduled_at)) FILTER (WHERE manual = 0)
 FROM replicron_runs
 WHERE job = :job;
 

@@ -158,14 +158,14 @@ class RegisteredJobAdmin(_ReadOnly):
 @admin.register(Run)
 class RunAdmin(_ReadOnly):
     list_display = (
-        "run_id", "job", "scheduled_at", "outcome", "replica_id", "started_at", "finished_at",
-        "manual",
+        "run_id", "job", "scheduled_at", "outcome", "ticks", "replica_id", "started_at",
+        "finished_at", "manual",
     )  # fmt: skip
     list_filter = ("outcome", "manual", "job")
     search_fields = ("job", "replica_id", "error")
     readonly_fields = (
-        "run_id", "job", "scheduled_at", "outcome", "replica_id", "started_at", "finished_at",
-        "manual", "error",
+        "run_id", "job", "scheduled_at", "scheduled_through", "ticks", "outcome", "replica_id",
+        "started_at", "finished_at", "manual", "error",
     )  # fmt: skip
     exclude = ("namespace",)
 

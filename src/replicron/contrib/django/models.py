@@ -55,6 +55,10 @@ class Run(models.Model):
     outcome = models.TextField(null=True)
     error = models.TextField(null=True)
     manual = models.BooleanField()
+    #: A range of missed ticks (past the enumeration bound): its last tick, and how many
+    #: ticks the row stands for (1 for a tick's own row).
+    scheduled_through = models.DateTimeField("through tick", null=True)
+    ticks = models.IntegerField()
 
     objects = _InNamespace()
 

@@ -13,6 +13,10 @@ FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[]) WITH ORDINALITY AS r(job
 WHERE NOT EXISTS (
     SELECT 1 FROM replicron_runs run
     WHERE run.namespace = %(namespace)s AND run.job = r.job AND run.scheduled_at = r.scheduled_at
+) AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+    SELECT 1 FROM replicron_runs missed
+    WHERE missed.namespace = %(namespace)s AND missed.job = r.job
+      AND missed.scheduled_through >= r.scheduled_at AND missed.scheduled_at < r.scheduled_at
 )
 ORDER BY r.n;
 
@@ -63,6 +67,11 @@ WITH request AS MATERIALIZED (
     WHERE (request.manual OR request.scheduled_at <= clock.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
+      AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+               SELECT 1 FROM replicron_runs missed
+               WHERE missed.namespace = %(namespace)s AND missed.job = request.job
+                 AND missed.scheduled_through >= request.scheduled_at
+                 AND missed.scheduled_at < request.scheduled_at)
     ORDER BY request.job, request.scheduled_at  -- one order in every claim (see "claim")
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING run_id, job, scheduled_at, outcome IS NOT DISTINCT FROM 'paused' AS paused, epoch

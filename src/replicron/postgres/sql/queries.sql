@@ -59,6 +59,11 @@ WITH request AS MATERIALIZED (
       AND (request.manual OR request.scheduled_at <= session.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
+      AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+               SELECT 1 FROM replicron_runs missed
+               WHERE missed.namespace = %(namespace)s AND missed.job = request.job
+                 AND missed.scheduled_through >= request.scheduled_at
+                 AND missed.scheduled_at < request.scheduled_at)
     -- One order in every claim and record: an insert waits for another transaction's
     -- uncommitted row of the same tick, and two claims waiting on each other deadlock.
     ORDER BY request.job, request.scheduled_at
@@ -240,6 +245,11 @@ WITH request AS MATERIALIZED (
         (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
     SELECT %(namespace)s, job, scheduled_at, %(replica)s, now(), outcome, error, token
     FROM due
+    WHERE NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
+        SELECT 1 FROM replicron_runs missed
+        WHERE missed.namespace = %(namespace)s AND missed.job = due.job
+          AND missed.scheduled_through >= due.scheduled_at
+          AND missed.scheduled_at < due.scheduled_at)
     ORDER BY job, scheduled_at  -- the claims' order (see claim)
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
     RETURNING job, scheduled_at
@@ -272,6 +282,40 @@ WHERE mine.outcome IS NOT NULL AND mine.outcome <> 'abandoned'
 UNION ALL
 SELECT job, scheduled_at, 'early' FROM request, session
 WHERE scheduled_at > session.recordable_until;
+
+-- name: record_missed_ranges
+-- Record missed, in one row each, ranges of ticks nobody ran: :firsts through :lasts, :counts
+-- ticks each, keyed by the first tick; a range is not recorded if any record of its job lies in
+-- its span (a tick's row, or another range reaching into it): those ticks are somebody else's.
+-- Returns the ranges recorded, by their first tick.
+WITH request AS MATERIALIZED (
+    SELECT *
+    FROM unnest(%(jobs)s::text[], %(firsts)s::timestamptz[], %(lasts)s::timestamptz[],
+                %(counts)s::int[], %(errors)s::text[])
+        AS r(job, scheduled_at, scheduled_through, ticks, error)
+), inserted AS (
+    INSERT INTO replicron_runs
+        (namespace, job, scheduled_at, scheduled_through, ticks, replica_id, finished_at,
+         outcome, error)
+    SELECT %(namespace)s, job, scheduled_at, scheduled_through, ticks, %(replica)s, now(),
+           'missed', error
+    FROM request
+    WHERE NOT EXISTS (
+        SELECT 1 FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = request.job
+          AND run.scheduled_at BETWEEN request.scheduled_at AND request.scheduled_through
+          AND NOT run.manual  -- manual runs lie off the job's ticks
+    ) AND NOT EXISTS (
+        SELECT 1 FROM replicron_runs missed
+        WHERE missed.namespace = %(namespace)s AND missed.job = request.job
+          AND missed.scheduled_through >= request.scheduled_at
+          AND missed.scheduled_at < request.scheduled_at
+    )
+    ORDER BY job, scheduled_at  -- the claims' order (see claim)
+    ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
+    RETURNING job, scheduled_at
+)
+SELECT job, scheduled_at FROM inserted;
 
 -- name: close_lost_claims
 -- At shutdown: rows this replica inserted with claims whose answers were lost (it never ran
@@ -383,8 +427,9 @@ SELECT pg_try_advisory_lock(%(k1)s::int, %(k2)s::int);
 SELECT pg_advisory_unlock(%(k1)s::int, %(k2)s::int);
 
 -- name: last_ticks
--- The latest tick of each job (manual runs are not ticks of its trigger).
-SELECT job, max(scheduled_at)
+-- The latest tick of each job (manual runs are not ticks of its trigger), a range of missed
+-- ticks by its last.
+SELECT job, greatest(max(scheduled_at), max(scheduled_through))
 FROM replicron_runs
 WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[]) AND NOT manual
 GROUP BY job;
@@ -493,9 +538,11 @@ SELECT jobs.job, last.replica_id, last.scheduled_at, last.started_at, last.finis
                       WHERE run.namespace = %(namespace)s AND run.job = jobs.job
                         AND run.outcome IS NULL AND run.started_at IS NOT NULL
                       ORDER BY run.run_id), '{}') AS running,
-       (SELECT count(*) FROM replicron_runs run
-        WHERE run.namespace = %(namespace)s AND run.job = jobs.job
-          AND run.scheduled_at > now() - interval '1 day' AND run.outcome = 'missed') AS missed,
+       -- A range of missed ticks counts all its ticks when its last is of the last day.
+       (SELECT coalesce(sum(run.ticks), 0) FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND run.outcome = 'missed'
+          AND (run.scheduled_at > now() - interval '1 day'
+               OR run.scheduled_through > now() - interval '1 day')) AS missed,
        -- Open runs whose replica stopped heartbeating but whose session still holds the lock
        -- (a frozen process): they block the job until it wakes or is fenced.
        coalesce(ARRAY(SELECT run.replica_id || ' ' || run.run_id FROM replicron_runs run
@@ -510,9 +557,13 @@ SELECT jobs.job, last.replica_id, last.scheduled_at, last.started_at, last.finis
                               AND l.database = (SELECT oid FROM pg_database
                                                 WHERE datname = current_database()))
                       ORDER BY run.run_id), '{}') AS stale_running,
-       (SELECT run.scheduled_at FROM replicron_runs run
-        WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND NOT run.manual
-        ORDER BY run.scheduled_at DESC LIMIT 1) AS last_tick
+       greatest(
+           (SELECT run.scheduled_at FROM replicron_runs run
+            WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND NOT run.manual
+            ORDER BY run.scheduled_at DESC LIMIT 1),
+           (SELECT max(run.scheduled_through) FROM replicron_runs run
+            WHERE run.namespace = %(namespace)s AND run.job = jobs.job
+              AND run.scheduled_through IS NOT NULL)) AS last_tick
 FROM jobs
 LEFT JOIN LATERAL (
     SELECT run.replica_id, run.scheduled_at, run.started_at, run.finished_at, run.outcome,

@@ -58,6 +58,11 @@ CREATE TABLE replicron_runs (
     epoch         integer     NOT NULL DEFAULT 0,
     -- Lease mode: until when the open row is its claimant's (the database's clock).
     lease_until   timestamptz,
+    -- Missed ticks past the enumeration bound are one row per job and gap, keyed by the
+    -- first tick (scheduled_at): its last tick, and how many ticks it stands for. A tick's own
+    -- row has no scheduled_through and counts 1. A tick inside a range has its record there.
+    scheduled_through timestamptz,
+    ticks         integer     NOT NULL DEFAULT 1,
     CONSTRAINT replicron_runs_tick_key UNIQUE (namespace, job, scheduled_at)
 );
 
@@ -68,6 +73,9 @@ CREATE INDEX replicron_runs_claimed_at_idx ON replicron_runs (claimed_at);
 -- Misses of the last day per job (replicron status), without walking the job's other rows.
 CREATE INDEX replicron_runs_missed_idx ON replicron_runs (namespace, job, scheduled_at)
     WHERE outcome = 'missed';
+-- Ranges of missed ticks: whether a tick lies inside one, a job's latest tick.
+CREATE INDEX replicron_runs_ranges_idx ON replicron_runs (namespace, job, scheduled_through)
+    WHERE scheduled_through IS NOT NULL;
 
 -- Runs of pruned rows (retention), per job: a job's count of runs (max_runs) outlives them.
 CREATE TABLE replicron_pruned_runs (
@@ -253,6 +261,7 @@ INSERT INTO replicron_migrations (version, name) VALUES
     (4, 'job_registry_and_pauses'),
     (5, 'row_leases'),
     (6, 'leader_lease'),
-    (7, 'run_requests');
+    (7, 'run_requests'),
+    (8, 'missed_ranges');
 
 COMMIT;

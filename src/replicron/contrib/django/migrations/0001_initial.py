@@ -6,23 +6,11 @@ the embedded backend keeps its ledger in its state directory."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations, models
 
+from ._apply import apply_replicron_migrations
+
 __all__ = ["Migration"]
-
-
-def apply_replicron_migrations(apps: Any, schema_editor: Any) -> None:
-    from asgiref.sync import async_to_sync
-
-    from replicron.contrib.django.conf import conninfo_of_alias, read_settings
-    from replicron.postgres import migrate
-
-    settings = read_settings()
-    if settings.backend != "postgres" or schema_editor.connection.alias != settings.database:
-        return
-    async_to_sync(migrate)(conninfo_of_alias(settings.database))
 
 
 class Migration(migrations.Migration):
