@@ -1,0 +1,72 @@
+"""What an operator sees of a cluster of real daemons on one state directory, with the
+settings the docs show (no ``replica_id``, no namespace): the overdue metric of a job that
+was dropped from the config, and the replicas list after restarts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests._harness.daemons import Daemons, config_text
+from tests.acceptance.test_daemon import free_port, get, samples, stop_cleanly
+from tests.helpers import embedded_rows, run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+#: A job's interval and its misfire_grace: a tick without a row goes overdue this long after it.
+EVERY, GRACE = "1s", "1s"
+
+
+def _job(name: str) -> dict[str, object]:
+    return {"name": name, "every": EVERY, "misfire_grace": GRACE, "command": ["true"]}
+
+
+def test_a_job_dropped_from_the_config_is_overdue_in_the_metrics(
+    daemons: Daemons, summary: Callable[[str], None]
+) -> None:
+    state_dir = daemons.workdir / "state"
+    settings = {"state_dir": str(state_dir), "stop_timeout": "5s"}
+    first = daemons.start("first", config_text(settings, [_job("kept"), _job("dropped")]))
+    daemons.wait_until(
+        "a run of 'dropped'",
+        lambda: any(row["outcome"] for row in embedded_rows(state_dir, "dropped")),
+        20,
+    )
+    stop_cleanly(first)
+
+    port = free_port()
+    started = time.monotonic()
+    second = daemons.start(
+        "second", config_text({**settings, "http": f"127.0.0.1:{port}"}, [_job("kept")])
+    )
+
+    def overdue_series() -> dict[str, float] | None:
+        got = get(f"http://127.0.0.1:{port}/metrics")
+        if got is None or got[0] != 200:
+            return None
+        found = {
+            labels["job"]: value
+            for labels, value in samples(got[2].decode(), "replicron_job_overdue")
+        }
+        return found if found.get("dropped") == 1 else None
+
+    overdue = daemons.wait_until("replicron_job_overdue{job='dropped'} 1", overdue_series, 30)
+    took = time.monotonic() - started
+    assert overdue == {"kept": 0, "dropped": 1}
+    check = run_cli("status", "--state-dir", str(state_dir), "--check")
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "dropped: overdue" in check.stdout
+
+    # Forgotten on purpose: its series go with its registrations.
+    forgot = run_cli("forget", "dropped", "--state-dir", str(state_dir))
+    assert forgot.returncode == 0, forgot.stdout + forgot.stderr
+
+    def gone() -> bool:
+        got = get(f"http://127.0.0.1:{port}/metrics")
+        return got is not None and "dropped" not in got[2].decode()
+
+    daemons.wait_until("the forgotten job's series to go", gone, 30)
+    stop_cleanly(second)
+    summary(f"a dropped job's overdue gauge over HTTP: 1 after {took:.1f} s, gone once forgotten")
