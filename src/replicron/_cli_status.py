@@ -55,7 +55,7 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
                 _iso(view.last_success_at),
                 ", ".join(f"{replica}#{run_id}" for replica, run_id in view.running) or "-",
                 _iso(view.next_due),
-                _state(view, status, {p.kind for p in problems}),
+                ",".join(status.job_states(view, problems)),
                 str(view.missed),
             )
         )
@@ -63,24 +63,6 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
     for line in notes:
         print(line)
     _print_replicas(status)
-
-
-def _state(view: JobView, status: ClusterStatus, kinds: set[ProblemKind]) -> str:
-    """The STATE column: the job's problems (a failed last run is in OUTCOME) and states."""
-    states = []
-    if ProblemKind.OVERDUE in kinds:
-        states.append("OVERDUE")
-    if view.paused is not None:
-        states.append("paused")
-    if ProblemKind.DRIFT in kinds:
-        states.append("DRIFT")
-    if ProblemKind.BLOCKED in kinds:
-        states.append("BLOCKED")
-    if not view.registered:
-        states.append("unregistered")
-    elif status.unscheduled(view):
-        states.append("unscheduled")
-    return ",".join(states) or "ok"
 
 
 def _notes(view: JobView, problems: Sequence[Problem]) -> list[str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from ._problems import Problem, ProblemKind, Severity, how_long
+from ._problems import JobState, Problem, ProblemKind, Severity, how_long
 from .dsn import mask_secrets
 from .events import Outcome
 
@@ -29,6 +29,7 @@ __all__ = [
     "MOST_EXPECTED",
     "ClusterStatus",
     "JobDefinition",
+    "JobState",
     "JobStatus",
     "JobView",
     "Pause",
@@ -252,6 +253,36 @@ class ClusterStatus:
             )
         return tuple(found)
 
+    def job_states(
+        self, view: JobView, problems: Sequence[Problem] | None = None
+    ) -> tuple[JobState, ...]:
+        """``view``'s job in words: its problems (``problems``, else :meth:`job_problems`),
+        errors first, then whether it runs now, is paused, unscheduled or unregistered; ``ok``
+        or ``no runs yet`` when none of these applies. The one answer that ``replicron
+        status``, the status page and the Django admin show."""
+        found = self.job_problems(view) if problems is None else problems
+        states: list[JobState] = []
+        for problem in found:
+            if problem.kind is ProblemKind.LAST_RUN_FAILED:
+                state = _FAILURE_STATE.get(view.outcome or Outcome.FAILED, JobState.FAILED)
+            else:
+                state = _PROBLEM_STATE[problem.kind]
+            if state not in states:
+                states.append(state)
+        states.sort(key=lambda state: state.severity is not Severity.ERROR)
+        if view.running:
+            states.append(JobState.RUNNING)
+        if view.paused is not None:
+            states.append(JobState.PAUSED)
+        if not view.registered:
+            states.append(JobState.UNREGISTERED)
+        elif self.unscheduled(view):
+            states.append(JobState.UNSCHEDULED)
+        if not states:
+            quiet = view.last_outcome is None and view.last_scheduled_at is None
+            states.append(JobState.NO_RUNS_YET if quiet else JobState.OK)
+        return tuple(states)
+
     def unscheduled(self, view: JobView) -> bool:
         """No live replica schedules ``view``'s job while some replica is alive: dropped
         from the code, or its replicas are gone and others are not."""
@@ -265,7 +296,9 @@ class ClusterStatus:
         return {
             "namespace": self.namespace,
             "read_at": _iso(self.read_at),
-            "jobs": [_job_json(view) for view in self.jobs],
+            "jobs": [
+                {**_job_json(view), "states": list(self.job_states(view))} for view in self.jobs
+            ],
             "replicas": [
                 {
                     "replica_id": r.replica_id,
@@ -281,6 +314,18 @@ class ClusterStatus:
             "leader": self.leader,
             "problems": self.problems(),
         }
+
+
+_PROBLEM_STATE = {
+    ProblemKind.OVERDUE: JobState.OVERDUE,
+    ProblemKind.DRIFT: JobState.DRIFT,
+    ProblemKind.BLOCKED: JobState.BLOCKED,
+}
+_FAILURE_STATE = {
+    Outcome.FAILED: JobState.FAILED,
+    Outcome.TIMED_OUT: JobState.TIMED_OUT,
+    Outcome.ABANDONED: JobState.ABANDONED,
+}
 
 
 @runtime_checkable

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Outcome, Scheduler, every
 from replicron.testing import FakeClock
+from replicron.web import status_app
 from tests.helpers import poll_until, run_cli, z
+from tests.unit.test_web import call
 
 START = z(2026, 1, 1)
 
@@ -184,3 +186,27 @@ def test_status_names_the_leader_while_it_lives(tmp_path: Path) -> None:
         assert table[-1] == "leader: node-1"
     status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
     assert status["leader"] is None  # stopped: nobody leads
+
+
+def test_a_job_that_never_succeeded_reads_failed_in_the_cli_json_and_page(
+    tmp_path: Path,
+) -> None:
+    # By the host's clock, so that nothing is overdue: the failure is the only thing to say.
+    start = datetime.now(UTC).replace(microsecond=0)
+    start -= timedelta(seconds=start.second % 10)
+    clock = FakeClock(start)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path))
+    s.add_job(every(seconds=10), broken, name="broken")
+    with s:
+        assert clock.wait_for_sleepers(1)
+        clock.set(start + timedelta(seconds=10))
+        s.wait_idle()
+        table = run_cli("status", "--state-dir", str(tmp_path)).stdout.splitlines()
+        status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
+        page = call(status_app(EmbeddedBackend(tmp_path))).text
+    header = table[0]
+    row = next(line for line in table if line.startswith("broken"))
+    column = header.index("STATE")
+    assert row[column:].split()[0] == "FAILED"
+    assert [job["states"] for job in status["jobs"]] == [["FAILED"]]
+    assert '<span class="badge bad">FAILED</span>' in page

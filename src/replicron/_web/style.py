@@ -87,7 +87,8 @@ tr.warn td:first-child { box-shadow: inset 5px 0 0 var(--warn); }
 .none { color: var(--muted); }
 .badges { display: flex; flex-wrap: wrap; gap: 4px; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 999px; font-size: 11.5px;
-  font-weight: 700; letter-spacing: 0.04em; white-space: nowrap; border: 1px solid; }
+  font-weight: 700; letter-spacing: 0.04em; white-space: nowrap; border: 1px solid;
+  text-transform: uppercase; }
 .badge.ok { color: var(--ok); background: var(--ok-bg); }
 .badge.bad { color: var(--bad); background: var(--bad-bg); }
 .badge.warn { color: var(--warn); background: var(--warn-bg); }

@@ -95,8 +95,7 @@ class RegisteredJobAdmin(_ReadOnly):
         status = _status(request)
         if view is None or status is None:
             return "-"
-        kinds = [problem.kind.value for problem in status.job_problems(view)]
-        return ", ".join((["paused"] if view.paused is not None else []) + kinds) or "ok"
+        return ", ".join(status.job_states(view))
 
     @admin.display(description="last outcome")
     def last_outcome(self, job: RegisteredJob) -> str:
