@@ -246,16 +246,3 @@ def test_the_reach_check_finds_a_reach() -> None:
         "replicron.daemon._example:3 getattr(..., 'peers')",
     ]
     assert _reaches(text.replace("'peers'", "'__name__'"), "replicron.scheduler") == []
-
-
-#: CONTRIBUTING.md: a module that grows past this is split by what its parts do.
-MAX_MODULE_LINES = 450
-
-
-def test_no_module_is_over_the_size_a_reader_takes_in() -> None:
-    sizes = {
-        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
-        for path in ROOT.rglob("*.py")
-    }
-    assert len(sizes) > 50  # the whole package was read
-    assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
