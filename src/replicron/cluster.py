@@ -15,6 +15,7 @@ values.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -130,6 +131,9 @@ class ReplicaStatus:
     alive: bool
     #: The jobs the replica schedules (from the registry).
     jobs: tuple[str, ...] = ()
+    #: What ``backend_pid`` is the id of, for a person: the replica's process, or its
+    #: PostgreSQL server session.
+    pid_label: str = "process id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,17 @@ class ClusterStatus:
     registrations: tuple[Registration, ...] = field(default=(), repr=False)
     #: Leader mode: the replica holding the leader lease, if any (and its lease is current).
     leader: str | None = None
+
+    @property
+    def live_replicas(self) -> tuple[ReplicaStatus, ...]:
+        return tuple(r for r in self.replicas if r.alive)
+
+    @property
+    def departed_replicas(self) -> tuple[ReplicaStatus, ...]:
+        """Replicas that stopped or died, the latest seen first: history (a replica id
+        per process, by default), kept until the backend's ``retention`` prunes it."""
+        gone = (r for r in self.replicas if not r.alive)
+        return tuple(sorted(gone, key=lambda r: r.last_seen, reverse=True))
 
     def job(self, name: str) -> JobView | None:
         return next((view for view in self.jobs if view.job == name), None)
@@ -397,16 +412,7 @@ def build_status(
     for registration in registrations:
         jobs_of.setdefault(registration.replica_id, []).append(registration.job)
     with_jobs = tuple(
-        ReplicaStatus(
-            r.replica_id,
-            r.backend_pid,
-            r.clock_offset,
-            r.started_at,
-            r.last_seen,
-            r.alive,
-            tuple(sorted(jobs_of.get(r.replica_id, ()))),
-        )
-        for r in replicas
+        dataclasses.replace(r, jobs=tuple(sorted(jobs_of.get(r.replica_id, ())))) for r in replicas
     )
     return ClusterStatus(namespace, now, tuple(views), with_jobs, tuple(registrations))
 

@@ -70,3 +70,37 @@ def test_a_job_dropped_from_the_config_is_overdue_in_the_metrics(
     daemons.wait_until("the forgotten job's series to go", gone, 30)
     stop_cleanly(second)
     summary(f"a dropped job's overdue gauge over HTTP: 1 after {took:.1f} s, gone once forgotten")
+
+
+def test_restarts_leave_history_and_status_lists_the_live_replica(
+    daemons: Daemons, summary: Callable[[str], None]
+) -> None:
+    state_dir = daemons.workdir / "state"
+    settings = {"state_dir": str(state_dir), "stop_timeout": "5s"}
+    config = config_text(settings, [_job("kept")])
+    started = time.monotonic()
+    for run in range(3):  # three short runs, a replica id each (the default: host:pid)
+        daemon = daemons.start(f"run-{run}", config)
+        daemon.wait_log("started replica", 20)
+        stop_cleanly(daemon)
+    port = free_port()
+    daemons.start("live", config_text({**settings, "http": f"127.0.0.1:{port}"}, [_job("kept")]))
+
+    def page() -> str | None:
+        got = get(f"http://127.0.0.1:{port}/")
+        html = got[2].decode() if got is not None and got[0] == 200 else ""
+        return html if "Replicas (1 alive" in html else None
+
+    html = daemons.wait_until("the status page with the live replica", page, 20)
+    took = time.monotonic() - started
+    assert "Replicas (1 alive, 3 departed)" in html
+
+    table = run_cli("status", "--state-dir", str(state_dir)).stdout.splitlines()
+    replicas = table[table.index("") + 1 :]
+    assert replicas[0].split()[:2] == ["REPLICA", "ALIVE"]
+    assert [line.split()[1] for line in replicas[1:2]] == ["yes"]
+    assert replicas[2].startswith("3 departed replicas not listed"), replicas
+    listed = run_cli("status", "--state-dir", str(state_dir), "--departed").stdout.splitlines()
+    alive = [line.split()[1] for line in listed[listed.index("") + 2 :]]
+    assert alive == ["yes", "no", "no", "no"]
+    summary(f"3 restarts then one live daemon: 1 replica listed, 3 counted ({took:.1f} s)")

@@ -69,8 +69,14 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
     assert table[0].split()[:2] == ["JOB", "LAST"]
     assert [line.split()[0] for line in table[1:3]] == ["broken", "ok"]
     assert "broken: last error: RuntimeError: disk full" in table
-    replicas = table[table.index("") + 1 :]
-    assert replicas[1].split()[:3] == ["node-1", "no", "2"]  # shut down, with its two jobs
+    # Shut down: history, counted, and listed when asked for (with its two jobs).
+    assert table[table.index("") + 1 :][0] == "no live replica"
+    assert table[table.index("") + 2].startswith(
+        "1 departed replica not listed (the latest, node-1"
+    )
+    assert table[table.index("") + 2].endswith("--departed lists them")
+    listed = run_cli("status", "--state-dir", str(tmp_path), "--departed").stdout.splitlines()
+    assert listed[listed.index("") + 2].split()[:3] == ["node-1", "no", "2"]
 
 
 def test_a_state_dir_nobody_used_is_one_clear_line(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def status_page(status: ClusterStatus, *, title: str, refresh: float, base: str)
             _tiles(status, jobs),
             _problems(problems),
             _section("Jobs", _jobs_table(status, sorted(jobs, key=_order), now), len(status.jobs)),
-            _section("Replicas", _replicas_table(status, now), len(status.replicas)),
+            _replicas_section(status, now),
             _footer(now, refresh, base),
         )
     )
@@ -141,14 +141,14 @@ def _tiles(status: ClusterStatus, jobs: list[_Job]) -> str:
     overdue = sum(1 for _, found in jobs if any(p.kind is ProblemKind.OVERDUE for p in found))
     running = sum(1 for view, _ in jobs if view.running)
     paused = sum(1 for view, _ in jobs if view.paused is not None)
-    alive = sum(1 for r in status.replicas if r.alive)
+    alive = len(status.live_replicas)
     tiles = (
         ("Jobs", str(len(jobs)), "info"),
         ("Failing", str(failing), "bad" if failing else "ok"),
         ("Overdue", str(overdue), "warn" if overdue else "ok"),
         ("Running now", str(running), "info"),
         ("Paused", str(paused), "warn" if paused else "ok"),
-        ("Replicas alive", f"{alive} / {len(status.replicas)}", "ok" if alive else "warn"),
+        ("Replicas alive", str(alive), "ok" if alive else "warn"),
     )
     cells = "".join(
         f'<div class="tile {kind}"><div class="n num">{_e(value)}</div>'
@@ -338,11 +338,28 @@ def _outcome_class(outcome: Outcome | None) -> str:
 # ---- replicas -----------------------------------------------------------------------------
 
 
-def _replicas_table(status: ClusterStatus, now: datetime) -> str:
-    ordered = sorted(status.replicas, key=lambda r: (not r.alive, r.replica_id))
-    if not ordered:
-        return '<div class="panel allgood none">No replica has registered.</div>'
-    rows = "".join(_replica_row(r, now, r.replica_id == status.leader) for r in ordered)
+def _replicas_section(status: ClusterStatus, now: datetime) -> str:
+    """The live replicas, then the departed ones folded away: a row per process that ever
+    ran (by default), history rather than the cluster's state."""
+    live = sorted(status.live_replicas, key=lambda r: r.replica_id)
+    departed = status.departed_replicas
+    if not live and not departed:
+        table = '<div class="panel allgood none">No replica has registered.</div>'
+    elif live:
+        table = _replicas_table(status, live, now)
+    else:
+        table = '<div class="panel none">No replica is alive.</div>'
+    if departed:
+        table += (
+            f'<details class="departed"><summary>{len(departed)} departed (stopped or died),'
+            f" the latest seen first</summary>{_replicas_table(status, departed, now)}</details>"
+        )
+    heading = f"Replicas ({len(live)} alive" + (f", {len(departed)} departed)" if departed else ")")
+    return f"<section><h2>{_e(heading)}</h2>{table}</section>"
+
+
+def _replicas_table(status: ClusterStatus, replicas: Iterable[ReplicaStatus], now: datetime) -> str:
+    rows = "".join(_replica_row(r, now, r.replica_id == status.leader) for r in replicas)
     return _table("replicas", _REPLICA_COLUMNS, rows)
 
 
@@ -363,7 +380,11 @@ def _replica_row(replica: ReplicaStatus, now: datetime, leads: bool) -> str:
     )
     if leads:  # leader mode: it claims every leader-mode tick
         state += ' <span class="badge info">LEADER</span>'
-    pid = f'<div class="small">pid {replica.backend_pid}</div>' if replica.backend_pid else ""
+    pid = (
+        f'<div class="small">{_e(replica.pid_label)} {replica.backend_pid}</div>'
+        if replica.backend_pid
+        else ""
+    )
     names = ", ".join(replica.jobs)
     jobs = _or_dash(names and f'<span class="mono">{_e(names)}</span>')
     cells = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -169,9 +169,43 @@ class RunAdmin(_ReadOnly):
     exclude = ("namespace",)
 
 
+class _Presence(admin.SimpleListFilter):
+    """Live replicas unless asked for the departed: with the default replica id
+    (``hostname:pid``) every restart leaves a row behind."""
+
+    title = "presence"
+    parameter_name = "presence"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("departed", "departed"), ("all", "all")]
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "live",
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        status = _status(request)
+        if status is None or self.value() == "all":
+            return queryset
+        live = [replica.replica_id for replica in status.live_replicas]
+        if self.value() == "departed":
+            return queryset.exclude(replica_id__in=live)
+        return queryset.filter(replica_id__in=live)
+
+
 @admin.register(Replica)
 class ReplicaAdmin(_ReadOnly):
     list_display = ("replica_id", "alive", "coordination", "started_at", "last_seen", "stopped_at")
+    list_filter = (_Presence,)
     readonly_fields = ("replica_id", "coordination", "started_at", "last_seen", "stopped_at")
     exclude = ("namespace",)
 

@@ -35,6 +35,9 @@ class Command(BaseCommand):
         status = commands.add_parser("status", help="each job's last run, next tick, problems")
         status.add_argument("--json", action="store_true", help="print it as JSON")
         status.add_argument("--check", action="store_true", help="exit 1 with one line per problem")
+        status.add_argument(
+            "--departed", action="store_true", help="list the departed replicas too"
+        )
         for name, text in (
             ("pause", "pause a job on every replica"),
             ("resume", "resume a paused job"),
@@ -94,6 +97,7 @@ class Command(BaseCommand):
         argv = [action]
         if action == "status":
             argv += ["--json"] * options["json"] + ["--check"] * options["check"]
+            argv += ["--departed"] * options["departed"]
         else:
             argv.append(options["job"])
         code = run_cluster_command(argv, backend, where, migrate_with="manage.py migrate")
