@@ -98,7 +98,7 @@ def test_the_status_of_an_unopened_backend_is_read_from_any_loop(tmp_path: Path)
     status = asyncio.run(EmbeddedBackend(tmp_path).cluster_status())
     view = status.job("ok")
     assert view is not None
-    assert view.trigger == "every(timedelta(seconds=10))"
+    assert view.trigger == "every 10s"
     assert view.next_due == START + timedelta(seconds=10)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Any, ClassVar
+from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -16,6 +17,7 @@ from replicron.contrib.django.conf import make_backend, read_settings
 from replicron.contrib.django.declare import build_scheduler
 from replicron.contrib.django.runtime import run_until_signalled
 from replicron.dsn import mask_dsn
+from replicron.triggers import WallClockTrigger
 
 __all__ = ["Command"]
 
@@ -78,9 +80,17 @@ class Command(BaseCommand):
     def _check(self, settings: Any, count: int) -> None:
         scheduler = build_scheduler(settings)
         for job in scheduler.jobs():
-            self.stdout.write(f"{job.name}: {job.trigger!r}")
+            trigger = job.trigger
+            # In the job's own zone, as the daemon's check prints them: a Europe/Berlin job
+            # fires at 03:00+01:00, not at 02:00+00:00.
+            zone = (
+                trigger.zone
+                if isinstance(trigger, WallClockTrigger)
+                else ZoneInfo(settings.timezone)
+            )
+            self.stdout.write(f"{job.name}: {trigger}")
             for instant in job.next_runs(count):
-                self.stdout.write(f"    {instant.isoformat()}")
+                self.stdout.write(f"    {instant.astimezone(zone).isoformat()}")
         self.stdout.write(f"OK: {len(scheduler.jobs())} jobs, backend {settings.backend}")
 
     def _cluster(self, settings: Any, action: str, options: dict[str, Any]) -> None:
