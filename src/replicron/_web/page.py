@@ -348,7 +348,7 @@ def _replicas_section(status: ClusterStatus, now: datetime) -> str:
     elif live:
         table = _replicas_table(status, live, now)
     else:
-        table = '<div class="panel none">No replica is alive.</div>'
+        table = '<div class="panel nobody">No replica is alive.</div>'
     if departed:
         table += (
             f'<details class="departed"><summary>{len(departed)} departed (stopped or died),'

@@ -57,6 +57,7 @@ h2 { margin: 0 0 10px; font-size: 15px; text-transform: uppercase; letter-spacin
 .tile.ok { border-top-color: var(--ok); }
 .tile.info { border-top-color: var(--info); }
 section { margin-bottom: 20px; }
+.nobody { padding: 12px 16px; color: var(--muted); }
 details.departed { margin-top: 8px; }
 details.departed summary { cursor: pointer; color: var(--muted); font-size: 13px; }
 .panel { background: var(--panel); border: 1px solid var(--line); border-radius: 10px; }
