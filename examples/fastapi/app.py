@@ -8,14 +8,20 @@ Start it in three pods (or on three ports) against one database: each tick of
 host coordinate through a state directory instead, so ``uvicorn --workers 3`` runs each tick
 once too. ``/jobs`` is the cluster's status page, ``/healthz`` says whether this replica can
 coordinate.
+
+A tick runs in one process only, so what a job computes must go where every process reads
+it, never into a module variable (the other workers would never see it): here a JSON file
+in the state directory, replaced atomically. Across hosts, keep it in your database.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Response
 
@@ -27,25 +33,33 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name
 log = logging.getLogger("example")
 
 
+STATE_DIR = Path(os.environ.get("REPLICRON_STATE_DIR", ".replicron"))
+#: What refresh-rates computed, for every worker to read.
+RATES = STATE_DIR / "rates.json"
+
+
 def _backend() -> replicron.Backend:
     url = os.environ.get("DATABASE_URL")
     if url:
         from replicron.postgres import PostgresBackend  # replicron[postgres]
 
         return PostgresBackend(url)
-    return replicron.EmbeddedBackend(os.environ.get("REPLICRON_STATE_DIR", ".replicron"))
+    return replicron.EmbeddedBackend(STATE_DIR)
 
 
 backend = _backend()
 scheduler = replicron.AsyncScheduler(backend=backend, stop_timeout=10)
-rates: dict[str, float] = {}
 
 
 @scheduler.job(replicron.every(seconds=2), name="refresh-rates")
 async def refresh_rates() -> None:
     run = replicron.current_run()
     # The tick is the same on every replica: a natural idempotency key for writes.
-    rates["EUR"] = 1.0 + run.scheduled_at.second / 1000
+    rates = {"EUR": 1.0 + run.scheduled_at.second / 1000}
+    RATES.parent.mkdir(parents=True, exist_ok=True)
+    fresh = RATES.with_name(f"{RATES.name}.{os.getpid()}")
+    fresh.write_text(json.dumps(rates))
+    fresh.replace(RATES)  # atomic: a reader sees the old rates or the new, never half
     log.info("refresh-rates tick %s run %s", run.scheduled_at.isoformat(), run.run_id)
 
 
@@ -61,6 +75,10 @@ app.mount("/jobs", status_app(scheduler))
 
 @app.get("/rates")
 async def get_rates() -> dict[str, float]:
+    try:
+        rates: dict[str, float] = json.loads(RATES.read_text())
+    except FileNotFoundError:  # before the first run
+        return {}
     return rates
 
 

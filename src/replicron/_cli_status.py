@@ -14,8 +14,15 @@ __all__ = ["print_status"]
 
 
 def print_status(
-    status: ClusterStatus, namespaces: dict[str, int], *, as_json: bool, check: bool
+    status: ClusterStatus,
+    namespaces: dict[str, int],
+    *,
+    as_json: bool,
+    check: bool,
+    departed: bool = False,
 ) -> int:
+    """Print ``status``; the exit status. The replicas table lists the live replicas, and
+    the departed ones too with ``departed``."""
     problems = status.problems()
     if as_json:
         print(json.dumps(status.to_json(), indent=2))
@@ -25,17 +32,17 @@ def print_status(
         if not problems:
             print(f"OK: {len(status.jobs)} jobs; none overdue, drifting, blocked or failing")
     else:
-        _print_view(status, namespaces)
+        _print_view(status, namespaces, departed)
     return 1 if check and problems else 0
 
 
-def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
+def _print_view(status: ClusterStatus, namespaces: dict[str, int], departed: bool) -> None:
     if not status.jobs:
         print(f"no runs recorded in namespace {status.namespace!r}")
         if namespaces:
             listed = ", ".join(f"{name!r} ({count} runs)" for name, count in namespaces.items())
             print(f"namespaces with runs: {listed}; choose one with --namespace")
-        _print_replicas(status)
+        _print_replicas(status, departed)
         return
     table = [
         ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "TOOK", "LAST SUCCESS", "RUNNING",
@@ -55,32 +62,14 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int]) -> None:
                 _iso(view.last_success_at),
                 ", ".join(f"{replica}#{run_id}" for replica, run_id in view.running) or "-",
                 _iso(view.next_due),
-                _state(view, status, {p.kind for p in problems}),
+                ",".join(status.job_states(view, problems)),
                 str(view.missed),
             )
         )
     _print_table(table)
     for line in notes:
         print(line)
-    _print_replicas(status)
-
-
-def _state(view: JobView, status: ClusterStatus, kinds: set[ProblemKind]) -> str:
-    """The STATE column: the job's problems (a failed last run is in OUTCOME) and states."""
-    states = []
-    if ProblemKind.OVERDUE in kinds:
-        states.append("OVERDUE")
-    if view.paused is not None:
-        states.append("paused")
-    if ProblemKind.DRIFT in kinds:
-        states.append("DRIFT")
-    if ProblemKind.BLOCKED in kinds:
-        states.append("BLOCKED")
-    if not view.registered:
-        states.append("unregistered")
-    elif status.unscheduled(view):
-        states.append("unscheduled")
-    return ",".join(states) or "ok"
+    _print_replicas(status, departed)
 
 
 def _notes(view: JobView, problems: Sequence[Problem]) -> list[str]:
@@ -95,19 +84,32 @@ def _notes(view: JobView, problems: Sequence[Problem]) -> list[str]:
     return notes
 
 
-def _print_replicas(status: ClusterStatus) -> None:
-    """Replicas, with how far each one's clock is off the coordinator's (replicron schedules
-    on the coordinator's clock; a large offset is a host to fix)."""
-    if not status.replicas:
+def _print_replicas(status: ClusterStatus, departed: bool) -> None:
+    """The live replicas (and with ``departed`` the others), with how far each one's clock
+    is off the coordinator's (replicron schedules on the coordinator's clock; a large
+    offset is a host to fix). Departed replicas are history: a row per process that ever
+    ran, by default, so they are counted unless asked for."""
+    listed = status.live_replicas + (status.departed_replicas if departed else ())
+    hidden = () if departed else status.departed_replicas
+    if not listed and not hidden:
         return
     print()
-    table = [("REPLICA", "ALIVE", "JOBS", "LAST SEEN", "CLOCK OFFSET")]
-    for replica in status.replicas:
-        offset = "-" if replica.clock_offset is None else f"{-replica.clock_offset:+.3f} s"
-        alive = "yes" if replica.alive else "no"
-        jobs = str(len(replica.jobs))
-        table.append((replica.replica_id, alive, jobs, _iso(replica.last_seen), offset))
-    _print_table(table)
+    if listed:
+        table = [("REPLICA", "ALIVE", "JOBS", "LAST SEEN", "CLOCK OFFSET")]
+        for replica in listed:
+            offset = "-" if replica.clock_offset is None else f"{-replica.clock_offset:+.3f} s"
+            alive = "yes" if replica.alive else "no"
+            jobs = str(len(replica.jobs))
+            table.append((replica.replica_id, alive, jobs, _iso(replica.last_seen), offset))
+        _print_table(table)
+    else:
+        print("no live replica")
+    if hidden:
+        print(
+            f"{_count(len(hidden), 'departed replica')} not listed (the latest, "
+            f"{hidden[0].replica_id}, last seen {_iso(hidden[0].last_seen)}): --departed "
+            "lists them"
+        )
     if status.leader is not None:
         print(f"leader: {status.leader}")
 
@@ -128,3 +130,7 @@ def _took(duration: timedelta | None) -> str:
         return "-"
     seconds = duration.total_seconds()
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def _count(number: int, thing: str) -> str:
+    return f"{number} {thing}" if number == 1 else f"{number} {thing}s"

@@ -67,6 +67,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_source(status)
     status.add_argument("--json", action="store_true", help="print it as JSON")
     status.add_argument(
+        "--departed",
+        action="store_true",
+        help="list the replicas that stopped or died too, not only the live ones (--json "
+        "lists every replica)",
+    )
+    status.add_argument(
         "--check",
         action="store_true",
         help="exit 1, with one line per problem, when a job is overdue, drifting, blocked "
@@ -216,7 +222,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return status, await backend.namespaces()  # to say where the jobs may be instead
 
     status, namespaces = _ask(args, read)
-    return print_status(status, namespaces, as_json=args.json, check=args.check)
+    return print_status(
+        status, namespaces, as_json=args.json, check=args.check, departed=args.departed
+    )
 
 
 def _cmd_pause(args: argparse.Namespace) -> int:

@@ -15,12 +15,13 @@ values.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from ._problems import Problem, ProblemKind, Severity, how_long
+from ._problems import JobState, Problem, ProblemKind, Severity, how_long
 from .dsn import mask_secrets
 from .events import Outcome
 
@@ -29,6 +30,7 @@ __all__ = [
     "MOST_EXPECTED",
     "ClusterStatus",
     "JobDefinition",
+    "JobState",
     "JobStatus",
     "JobView",
     "Pause",
@@ -129,6 +131,9 @@ class ReplicaStatus:
     alive: bool
     #: The jobs the replica schedules (from the registry).
     jobs: tuple[str, ...] = ()
+    #: What ``backend_pid`` is the id of, for a person: the replica's process, or its
+    #: PostgreSQL server session.
+    pid_label: str = "process id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,17 @@ class ClusterStatus:
     #: Leader mode: the replica holding the leader lease, if any (and its lease is current).
     leader: str | None = None
 
+    @property
+    def live_replicas(self) -> tuple[ReplicaStatus, ...]:
+        return tuple(r for r in self.replicas if r.alive)
+
+    @property
+    def departed_replicas(self) -> tuple[ReplicaStatus, ...]:
+        """Replicas that stopped or died, the latest seen first: history (a replica id
+        per process, by default), kept until the backend's ``retention`` prunes it."""
+        gone = (r for r in self.replicas if not r.alive)
+        return tuple(sorted(gone, key=lambda r: r.last_seen, reverse=True))
+
     def job(self, name: str) -> JobView | None:
         return next((view for view in self.jobs if view.job == name), None)
 
@@ -252,6 +268,36 @@ class ClusterStatus:
             )
         return tuple(found)
 
+    def job_states(
+        self, view: JobView, problems: Sequence[Problem] | None = None
+    ) -> tuple[JobState, ...]:
+        """``view``'s job in words: its problems (``problems``, else :meth:`job_problems`),
+        errors first, then whether it runs now, is paused, unscheduled or unregistered; ``ok``
+        or ``no runs yet`` when none of these applies. The one answer that ``replicron
+        status``, the status page and the Django admin show."""
+        found = self.job_problems(view) if problems is None else problems
+        states: list[JobState] = []
+        for problem in found:
+            if problem.kind is ProblemKind.LAST_RUN_FAILED:
+                state = _FAILURE_STATE.get(view.outcome or Outcome.FAILED, JobState.FAILED)
+            else:
+                state = _PROBLEM_STATE[problem.kind]
+            if state not in states:
+                states.append(state)
+        states.sort(key=lambda state: state.severity is not Severity.ERROR)
+        if view.running:
+            states.append(JobState.RUNNING)
+        if view.paused is not None:
+            states.append(JobState.PAUSED)
+        if not view.registered:
+            states.append(JobState.UNREGISTERED)
+        elif self.unscheduled(view):
+            states.append(JobState.UNSCHEDULED)
+        if not states:
+            quiet = view.last_outcome is None and view.last_scheduled_at is None
+            states.append(JobState.NO_RUNS_YET if quiet else JobState.OK)
+        return tuple(states)
+
     def unscheduled(self, view: JobView) -> bool:
         """No live replica schedules ``view``'s job while some replica is alive: dropped
         from the code, or its replicas are gone and others are not."""
@@ -265,7 +311,9 @@ class ClusterStatus:
         return {
             "namespace": self.namespace,
             "read_at": _iso(self.read_at),
-            "jobs": [_job_json(view) for view in self.jobs],
+            "jobs": [
+                {**_job_json(view), "states": list(self.job_states(view))} for view in self.jobs
+            ],
             "replicas": [
                 {
                     "replica_id": r.replica_id,
@@ -281,6 +329,18 @@ class ClusterStatus:
             "leader": self.leader,
             "problems": self.problems(),
         }
+
+
+_PROBLEM_STATE = {
+    ProblemKind.OVERDUE: JobState.OVERDUE,
+    ProblemKind.DRIFT: JobState.DRIFT,
+    ProblemKind.BLOCKED: JobState.BLOCKED,
+}
+_FAILURE_STATE = {
+    Outcome.FAILED: JobState.FAILED,
+    Outcome.TIMED_OUT: JobState.TIMED_OUT,
+    Outcome.ABANDONED: JobState.ABANDONED,
+}
 
 
 @runtime_checkable
@@ -352,16 +412,7 @@ def build_status(
     for registration in registrations:
         jobs_of.setdefault(registration.replica_id, []).append(registration.job)
     with_jobs = tuple(
-        ReplicaStatus(
-            r.replica_id,
-            r.backend_pid,
-            r.clock_offset,
-            r.started_at,
-            r.last_seen,
-            r.alive,
-            tuple(sorted(jobs_of.get(r.replica_id, ()))),
-        )
-        for r in replicas
+        dataclasses.replace(r, jobs=tuple(sorted(jobs_of.get(r.replica_id, ())))) for r in replicas
     )
     return ClusterStatus(namespace, now, tuple(views), with_jobs, tuple(registrations))
 

@@ -56,10 +56,12 @@ Series, and when they are left out:
 ``replicron_job_overdue{job}``
     1 when a tick some replica expected has no row though its grace has passed, else 0.
 
-The cluster series cover the jobs this scheduler has and the jobs some live replica
-schedules. A job removed from every replica loses its series at the next read; a job whose
-every replica is gone shows here as series that stop (alert on their absence, and let
-``replicron status --check``, which reads the database, see it go overdue). This replica's
+The cluster series cover the jobs this scheduler has and every job of the cluster's job
+registry, as ``replicron status`` reads it: a job dropped from every replica's code while
+its registrations stay (its replicas restarted without it, or died) goes overdue here as it
+does in ``replicron status --check``, on every replica still up. Its series go once the job
+is forgotten (``replicron forget``, or its registrations pruned after the backend's
+``retention``); with every replica gone, nobody reports (alert on absence). This replica's
 series of a removed job go at the next scrape. The cluster series are left out while the
 scheduler is stopped and once the latest good read is stale: a replica that cannot read the
 cluster says nothing about it rather than something old (a single failed read leaves them as
@@ -308,8 +310,8 @@ class ReplicronCollector:
             server_changes.add_metric([], changes)
         if fresh and status is not None:
             for view in status.jobs:
-                if not view.scheduled_by and view.job not in jobs:
-                    continue  # no live replica schedules it (any more)
+                if not view.registered and view.job not in jobs:
+                    continue  # forgotten: its runs are history, nothing expects its ticks
                 if view.last_success_at is not None:
                     last_success.add_metric([view.job], view.last_success_at.timestamp())
                 overdue.add_metric([view.job], 1.0 if view.overdue else 0.0)

@@ -314,6 +314,10 @@ class IntervalTrigger(_Frozen):
         text = self._rule.describe()
         return f"{text}.for_job({self.key!r})" if self.key else text
 
+    def __str__(self) -> str:
+        """For a person, as a config writes it: ``every 5s``, ``every 1m to 5m``."""
+        return self._rule.readable()
+
 
 class FixedDelayTrigger(IntervalTrigger):
     """Each tick is the job's last finish in the ledger plus ``delay``. ``next_after`` gives
@@ -329,6 +333,10 @@ class FixedDelayTrigger(IntervalTrigger):
     def __repr__(self) -> str:
         text = "after" + self._rule.describe().removeprefix("every")
         return f"{text}.for_job({self.key!r})" if self.key else text
+
+    def __str__(self) -> str:
+        """For a person: ``after 5s`` (each finish)."""
+        return "after" + self._rule.readable().removeprefix("every")
 
 
 class OneTimeTrigger(_Frozen):

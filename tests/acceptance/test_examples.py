@@ -114,6 +114,11 @@ def test_fastapi_example_with_uvicorn_workers_on_one_host(tmp_path: Path) -> Non
             "3 workers up", lambda: server.log().count("Application startup complete") >= 3, 30
         )
         processes.wait_until("5 ticks run", lambda: len(_ticks([server])) >= 5, 30)
+        # The job ran in one worker; uvicorn spreads requests over all three.
+        answers = [_get(port, "/rates") for _ in range(12)]
+        assert [status for status, _ in answers] == [200] * 12
+        empty = [body for _, body in answers if not json.loads(body)]
+        assert not empty, f"{len(empty)} of 12 requests got no rates"
         server.signal(signal.SIGTERM)
         _stopped_cleanly(server)
     finally:

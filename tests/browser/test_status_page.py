@@ -106,9 +106,14 @@ def test_a_failed_and_an_overdue_job_read_as_such(
     names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.jobs .job")]
     assert names == [FAILING, LATE]
 
-    replicas = browser.find_element(By.CSS_SELECTOR, "table.replicas").text
+    # Its process exited: no replica is alive, and the departed one is folded away.
+    section = browser.find_element(By.CSS_SELECTOR, "details.departed")
+    assert "REPLICAS (0 ALIVE, 1 DEPARTED)" in browser.page_source.upper()
+    assert REPLICA not in section.text
+    section.find_element(By.TAG_NAME, "summary").click()
+    replicas = section.find_element(By.CSS_SELECTOR, "table.replicas").text
     assert REPLICA in replicas
-    assert "GONE" in replicas  # its process exited
+    assert "GONE" in replicas
     assert f"{LATE}, {FAILING}" in replicas
 
     if os.environ.get("REPLICRON_SCREENSHOT") == "1":

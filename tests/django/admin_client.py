@@ -1,6 +1,7 @@
 """Drives the example project's admin through Django's test client, logged in as a
 superuser, and prints what it saw as one JSON line. Run from examples/django with the
-project's environment: ``admin_client.py pages`` or ``admin_client.py action NAME JOB``."""
+project's environment: ``admin_client.py pages``, ``admin_client.py text PATH`` or
+``admin_client.py action NAME JOB``."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def main(argv: list[str]) -> dict[str, object]:
         return seen
     if argv[0] == "get":  # one request, as a web process serves it
         return {"status": client.get(argv[1]).status_code}
+    if argv[0] == "text":  # one page, with what it says
+        response = client.get(argv[1])
+        return {"status": response.status_code, "text": response.content.decode()}
     if argv[0] == "action":
         name, job = argv[1], argv[2]
         response = client.post(

@@ -43,7 +43,7 @@ def test_migrate_makes_replicrons_tables_and_check_tells_a_broken_job(project: P
     ok = project.manage("replicron", "check")
     assert ok.returncode == 0, ok.stderr
     lines = ok.stdout.splitlines()
-    assert lines[0] == "heartbeat: every(timedelta(seconds=1)).for_job('heartbeat')"
+    assert lines[0] == "heartbeat: every 1s"
     assert lines[-1] == "OK: 2 jobs, backend postgres"
 
     broken = project.manage("replicron", "check", EXAMPLE_BROKEN_JOB="1")
@@ -109,7 +109,7 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
         jobs = pages["/admin/replicron/registeredjob/"]["text"]
         assert "heartbeat" in jobs
         assert "nightly-cleanup" in jobs
-        assert "every(timedelta(seconds=1))" in jobs
+        assert "every 1s" in jobs
         assert "Run the selected jobs once now" in jobs
         assert "Add job" not in jobs  # read-only
         assert "succeeded" in pages["/admin/replicron/run/"]["text"]

@@ -61,7 +61,15 @@ def test_status_lists_jobs(dsn: str) -> None:
     assert broken_row[:4] == ["broken", "2026-01-01T00:00:10+00:00", "failed", "node-1"]
     # took (fake clock: 0 ms), no success, nothing running, next due, state, missed: the fake
     # clock stopped in January, and by the database's clock that tick is long overdue.
-    assert broken_row[4:] == ["0", "ms", "-", "-", "2026-01-01T00:00:20+00:00", "OVERDUE", "0"]
+    assert broken_row[4:] == [
+        "0",
+        "ms",
+        "-",
+        "-",
+        "2026-01-01T00:00:20+00:00",
+        "FAILED,OVERDUE",
+        "0",
+    ]
     assert lines[2].split()[:4] == ["ok", "2026-01-01T00:00:10+00:00", "succeeded", "node-1"]
     assert "broken: last error: RuntimeError: disk full" in lines
     check = run_cli("status", "--database-url", dsn, "--check")
@@ -109,8 +117,9 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
     ]  # fmt: skip
     replicas = {line.split()[0]: line.split() for line in lines[header + 1 :] if line.strip()}
     assert replicas["node-2"][:3] == ["node-2", "yes", "0"]
-    assert replicas["node-1"][:3] == ["node-1", "no", "1"]  # stopped, with its one job
     assert replicas["node-2"][-2:] == ["+31.500", "s"]
+    # Stopped: counted, not listed.
+    assert lines[header + 2].startswith("1 departed replica not listed (the latest, node-1,")
 
 
 def test_unreachable_database_is_one_line_without_password() -> None:

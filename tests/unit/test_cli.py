@@ -122,7 +122,7 @@ def test_status_notes_and_check_word_each_problem_alike(capsys: pytest.CaptureFi
     assert capsys.readouterr().out.splitlines() == status.problems()
     assert print_status(status, {}, as_json=False, check=False) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[1].split()[-2:] == ["DRIFT,BLOCKED", "0"]
+    assert table[1].split()[-2:] == ["FAILED,BLOCKED,DRIFT", "0"]
     assert table[2].split()[-2:] == ["ok", "0"]
     drift, failed, blocked = status.problems()
     assert failed.startswith("broken: last run failed")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from replicron import EmbeddedBackend, Outcome, Scheduler, every
 from replicron.testing import FakeClock
+from replicron.web import status_app
 from tests.helpers import poll_until, run_cli, z
+from tests.unit.test_web import call
 
 START = z(2026, 1, 1)
 
@@ -67,8 +69,14 @@ def test_status_pause_and_resume_on_a_state_dir(tmp_path: Path) -> None:
     assert table[0].split()[:2] == ["JOB", "LAST"]
     assert [line.split()[0] for line in table[1:3]] == ["broken", "ok"]
     assert "broken: last error: RuntimeError: disk full" in table
-    replicas = table[table.index("") + 1 :]
-    assert replicas[1].split()[:3] == ["node-1", "no", "2"]  # shut down, with its two jobs
+    # Shut down: history, counted, and listed when asked for (with its two jobs).
+    assert table[table.index("") + 1 :][0] == "no live replica"
+    assert table[table.index("") + 2].startswith(
+        "1 departed replica not listed (the latest, node-1"
+    )
+    assert table[table.index("") + 2].endswith("--departed lists them")
+    listed = run_cli("status", "--state-dir", str(tmp_path), "--departed").stdout.splitlines()
+    assert listed[listed.index("") + 2].split()[:3] == ["node-1", "no", "2"]
 
 
 def test_a_state_dir_nobody_used_is_one_clear_line(tmp_path: Path) -> None:
@@ -90,7 +98,7 @@ def test_the_status_of_an_unopened_backend_is_read_from_any_loop(tmp_path: Path)
     status = asyncio.run(EmbeddedBackend(tmp_path).cluster_status())
     view = status.job("ok")
     assert view is not None
-    assert view.trigger == "every(timedelta(seconds=10))"
+    assert view.trigger == "every 10s"
     assert view.next_due == START + timedelta(seconds=10)
 
 
@@ -235,3 +243,27 @@ def test_pause_where_no_replica_registered_any_job_says_none_is(tmp_path: Path) 
         "replicron: error: no replica has registered a job named 'charge-card'; none is "
         "registered; to pause a job not deployed yet, add --force\n"
     )
+
+
+def test_a_job_that_never_succeeded_reads_failed_in_the_cli_json_and_page(
+    tmp_path: Path,
+) -> None:
+    # By the host's clock, so that nothing is overdue: the failure is the only thing to say.
+    start = datetime.now(UTC).replace(microsecond=0)
+    start -= timedelta(seconds=start.second % 10)
+    clock = FakeClock(start)
+    s = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path))
+    s.add_job(every(seconds=10), broken, name="broken")
+    with s:
+        assert clock.wait_for_sleepers(1)
+        clock.set(start + timedelta(seconds=10))
+        s.wait_idle()
+        table = run_cli("status", "--state-dir", str(tmp_path)).stdout.splitlines()
+        status = json.loads(run_cli("status", "--state-dir", str(tmp_path), "--json").stdout)
+        page = call(status_app(EmbeddedBackend(tmp_path))).text
+    header = table[0]
+    row = next(line for line in table if line.startswith("broken"))
+    column = header.index("STATE")
+    assert row[column:].split()[0] == "FAILED"
+    assert [job["states"] for job in status["jobs"]] == [["FAILED"]]
+    assert '<span class="badge bad">FAILED</span>' in page

@@ -121,7 +121,7 @@ def test_the_status_shows_pause_last_runs_and_who_schedules_each_job(
     status = first.cluster_status()
     view = status.job("tick")
     assert view is not None
-    assert view.trigger == "every(timedelta(seconds=10))"
+    assert view.trigger == "every 10s"
     assert view.scheduled_by == ("r1", "r2")
     assert view.last_outcome == "succeeded"
     assert view.last_scheduled_at == START + timedelta(seconds=10)

@@ -149,6 +149,21 @@ def test_check_prints_the_next_three_fire_times(tmp_path: Path) -> None:
     assert not (tmp_path / "state").exists()  # checking opens no backend
 
 
+def test_check_prints_a_jobs_fire_times_in_its_own_zone(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[scheduler]\nstate_dir = "@TMP@/state"\n\n[[job]]\nname = "berlin"\n'
+        'cron = "0 3 * * *"\ntz = "Europe/Berlin"\ncommand = ["true"]\n',
+    )
+    result = replicron("check", str(path), "-n", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("time zone UTC")
+    # 03:00 in Berlin, whatever the scheduler's zone: +01:00 in winter, +02:00 in summer.
+    assert lines[2].startswith("    ")
+    assert lines[2].endswith(("T03:00:00+01:00", "T03:00:00+02:00"))
+
+
 def test_check_n_prints_that_many_fire_times(tmp_path: Path) -> None:
     path = write(tmp_path, VALID)
     before = datetime.now(UTC)

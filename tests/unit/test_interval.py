@@ -13,6 +13,7 @@ from replicron import (
     InvalidJobNameError,
     NaiveDatetimeError,
     ReplicronError,
+    after,
     every,
     upcoming,
 )
@@ -174,3 +175,21 @@ def test_trigger_is_immutable_comparable_and_readable() -> None:
     assert trigger != trigger.for_job("a")
     assert repr(trigger) == "every(timedelta(seconds=300), jitter=timedelta(seconds=3))"
     assert trigger.interval == timedelta(minutes=5)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "text"),
+    [
+        (every(seconds=5), "every 5s"),
+        (every(minutes=90), "every 1h30m"),
+        (every(days=1, seconds=0.5), "every 1d500ms"),
+        (every(seconds=90, jitter=10), "every 1m30s, jitter 10s"),
+        (every(between=(60, 300)), "every 1m to 5m"),
+        (every(hours=1, anchor=z(2026, 1, 1, 0, 7)), "every 1h, from 2026-01-01T00:07:00+00:00"),
+        (every(timedelta(microseconds=1500)), "every 0.0015s"),
+        (after(minutes=5), "after 5m"),
+    ],
+)
+def test_str_says_the_interval_as_a_config_writes_it(trigger: object, text: str) -> None:
+    assert str(trigger) == text
+    assert repr(trigger) != text  # code to rebuild it, for the fingerprint and debugging

@@ -349,7 +349,7 @@ def test_a_removed_job_leaves_no_series(live: Setup) -> None:
     assert setup.runs("broken", Outcome.FAILED) == 0
 
 
-def test_the_cluster_gauges_cover_the_jobs_live_replicas_schedule(unread: Setup) -> None:
+def test_the_cluster_gauges_cover_every_registered_job(unread: Setup) -> None:
     setup = unread
     assert setup.value("replicron_up") == 1  # no read has failed
     assert setup.value("replicron_job_overdue", job="ok") is None  # nothing read yet
@@ -361,6 +361,7 @@ def test_the_cluster_gauges_cover_the_jobs_live_replicas_schedule(unread: Setup)
             _hand_view("ok", last_success_at=success),
             _hand_view("elsewhere", scheduled_by=("r2",), overdue_since=START),
             _hand_view("long_gone", last_success_at=success, overdue_since=START),
+            _hand_view("forgotten", last_success_at=success, registered=False),
         ),
         (),
     )
@@ -372,9 +373,14 @@ def test_the_cluster_gauges_cover_the_jobs_live_replicas_schedule(unread: Setup)
     # Scheduled by another replica only: reported here too, so every replica says the same.
     assert setup.value("replicron_job_overdue", job="elsewhere") == 1
     assert setup.value("replicron_job_last_success_timestamp_seconds", job="elsewhere") is None
-    # Scheduled by replicas that are gone, if any: not reported by anyone alive.
-    assert setup.value("replicron_job_overdue", job="long_gone") is None
-    assert setup.value("replicron_job_last_success_timestamp_seconds", job="long_gone") is None
+    # Registered by replicas that are gone (dropped from the code, say): overdue here too.
+    assert setup.value("replicron_job_overdue", job="long_gone") == 1
+    assert setup.value("replicron_job_last_success_timestamp_seconds", job="long_gone") == (
+        success.timestamp()
+    )
+    # Forgotten: history, with no series.
+    assert setup.value("replicron_job_overdue", job="forgotten") is None
+    assert setup.value("replicron_job_last_success_timestamp_seconds", job="forgotten") is None
     # Our own job "broken", absent from this read, has no cluster series.
     assert setup.value("replicron_job_overdue", job="broken") is None
 
@@ -489,6 +495,7 @@ def _hand_view(
     scheduled_by: tuple[str, ...] = (),
     last_success_at: datetime | None = None,
     overdue_since: datetime | None = None,
+    registered: bool = True,
 ) -> JobView:
     return JobView(
         job=job,
@@ -508,6 +515,7 @@ def _hand_view(
         drift=(),
         missed=0,
         scheduled_by=scheduled_by,
+        registered=registered,
     )
 
 

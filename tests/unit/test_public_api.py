@@ -100,6 +100,7 @@ EXPECTED = {
         "MOST_EXPECTED",
         "ClusterStatus",
         "JobDefinition",
+        "JobState",
         "JobStatus",
         "JobView",
         "Pause",

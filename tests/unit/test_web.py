@@ -160,11 +160,11 @@ def test_page_shows_every_job_fact_and_refreshes() -> None:
         "ValueError: bad row 7",
         "OVERDUE",
         "tick due 11:54:00 UTC has no run (6 min late)",
-        "RUNNING",
+        ">running<",
         "running on web-2 (run 812)",
         "BLOCKED",
         "blocked by a frozen run: web-9 (run 77)",
-        "PAUSED",
+        ">paused<",
         "paused by alice, 2 h ago",
         "DRIFT",
         "every(1 min)",
@@ -195,7 +195,7 @@ def test_failed_and_overdue_rows_stand_out_in_words_and_colour() -> None:
     assert by_job["late"].startswith(' class="warn"')
     assert "OVERDUE" in by_job["late"]
     assert by_job["fine"].startswith(">")
-    assert ">OK<" in by_job["fine"]
+    assert ">ok<" in by_job["fine"]
     # Jobs to act on come first.
     assert list(by_job) == ["broken", "late", "fine"]
 
@@ -452,10 +452,10 @@ def test_replicas_show_state_offset_and_jobs() -> None:
         ),
     )
     page = call(status_app(Source(status))).text
-    section = page[page.index("Replicas (3)") :]
+    section = page[page.index("Replicas (2 alive, 1 departed)") :]
     assert "ALIVE" in section
     assert "GONE" in section
-    assert "pid 11" in section
+    assert "process id 11" in section
     assert "12 ms behind" in section
     assert "1.50 s ahead" in section
     assert "not measured" in section
@@ -472,9 +472,31 @@ def test_the_leader_replica_is_marked() -> None:
         ReplicaStatus("web-2", None, None, NOW, NOW, True),
     )
     page = call(status_app(Source(ClusterStatus("", NOW, (), replicas, leader="web-2")))).text
-    section = page[page.index("Replicas (2)") :]
+    section = page[page.index("Replicas (2 alive)") :]
     assert section.count("LEADER") == 1
     assert section.index("web-2") < section.index("LEADER")
+
+
+def test_departed_replicas_are_counted_and_folded_away_below_the_live_ones() -> None:
+    # Three short runs of two replicas each, with the default replica id (a process each),
+    # then the two that run now.
+    departed = tuple(
+        ReplicaStatus(f"web:{pid}", pid, None, NOW, NOW - timedelta(minutes=pid), False)
+        for pid in range(100, 106)
+    )
+    live = tuple(
+        ReplicaStatus(f"web:{pid}", pid, None, NOW, NOW, True, pid_label="PostgreSQL backend pid")
+        for pid in (200, 201)
+    )
+    page = call(status_app(Source(ClusterStatus("", NOW, (), departed + live)))).text
+    section = page[page.index("Replicas (2 alive, 6 departed)") :]
+    shown, folded = section.split("<details", 1)
+    assert [f"web:{pid}" in shown for pid in (200, 201, 100)] == [True, True, False]
+    assert "PostgreSQL backend pid 200" in shown
+    assert "6 departed (stopped or died)" in folded
+    # The latest seen first.
+    assert folded.index("web:100") < folded.index("web:105")
+    assert '<div class="n num">2</div><div class="l">Replicas alive</div>' in page
 
 
 def test_a_blocking_source_is_read_off_the_event_loop() -> None:
@@ -545,7 +567,7 @@ def test_the_page_shows_the_problems_the_status_has_and_no_others() -> None:
     assert ">FAILED<" in rows["dropped-today"]
     assert rows["dropped"].startswith(">")
     assert ">FAILED<" not in rows["dropped"]
-    assert ">UNREGISTERED<" in rows["dropped"]
+    assert ">unregistered<" in rows["dropped"]
     assert "RuntimeError: gone" in rows["dropped"]  # still its last error, as a fact
     assert '<div class="n num">1</div><div class="l">Failing</div>' in page
 

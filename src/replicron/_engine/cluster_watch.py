@@ -66,11 +66,10 @@ StatusCallback = Callable[[ClusterStatus | None], None]
 
 
 def trigger_text(spec: JobSpec) -> str:
-    """The trigger as a person wrote it: an interval anchored on the job's own name (what
-    ``every`` does by default) says so no more."""
-    text = _stable_repr(spec.trigger)
-    anchored = f".for_job({spec.name!r})"
-    return text[: -len(anchored)] if text.endswith(anchored) else text
+    """The trigger as a person reads it, ``str(trigger)``: ``every 5s``, ``cron('*/5 * * *
+    *', tz='Europe/Kyiv')`` (a trigger's ``__str__`` is its ``__repr__`` unless it says
+    otherwise). What the status page, ``replicron status --json`` and the admin show."""
+    return _ADDRESS.sub("", str(spec.trigger))
 
 
 def _stable_repr(trigger: object) -> str:

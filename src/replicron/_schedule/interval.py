@@ -19,7 +19,7 @@ from replicron.errors import InvalidIntervalError
 from .durations import as_duration
 from .tz import EPOCH, MICROSECOND, from_micros, to_micros
 
-__all__ = ["IntervalRule", "make_interval_rule", "random_fraction"]
+__all__ = ["IntervalRule", "duration_text", "make_interval_rule", "random_fraction"]
 
 _UNIT = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
@@ -84,6 +84,34 @@ class IntervalRule:
         if self.anchor != EPOCH:
             parts.append(f"anchor={self.anchor.isoformat()!r}")
         return f"every({', '.join(parts)})"
+
+    def readable(self) -> str:
+        """The rule for a person, durations as a config writes them: ``every 5s``,
+        ``every 1h30m, jitter 10s``, ``every 1m to 5m``, ``every 1d, from 2026-...``."""
+        if self.between is not None:
+            text = f"every {duration_text(self.between[0])} to {duration_text(self.between[1])}"
+        else:
+            assert self.interval is not None
+            text = f"every {duration_text(self.interval)}"
+        if self.jitter:
+            text += f", jitter {duration_text(self.jitter)}"
+        if self.anchor != EPOCH:
+            text += f", from {self.anchor.isoformat()}"
+        return text
+
+
+def duration_text(delta: timedelta) -> str:
+    """``delta`` as a daemon config writes a duration: ``90s`` is ``1m30s``, ``500ms``,
+    ``1d2h``; a part of a millisecond in seconds (``0.0005s``)."""
+    micros = delta // timedelta(microseconds=1)
+    if micros % 1000:
+        return f"{delta.total_seconds():g}s"
+    left, parts = micros // 1000, []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
 
 
 def _text(delta: timedelta) -> str:

@@ -12,7 +12,15 @@ import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from replicron.cluster import ClusterStatus, JobView, Problem, ProblemKind, ReplicaStatus, Severity
+from replicron.cluster import (
+    ClusterStatus,
+    JobState,
+    JobView,
+    Problem,
+    ProblemKind,
+    ReplicaStatus,
+    Severity,
+)
 from replicron.dsn import mask_dsn
 from replicron.events import Outcome
 
@@ -23,11 +31,8 @@ __all__ = ["error_page", "status_page"]
 #: A problem's colour, and where its job comes in the table (jobs without one come last).
 _SEVERITY_CLASS = {Severity.ERROR: "bad", Severity.WARNING: "warn"}
 _SEVERITY_RANK = {Severity.ERROR: 0, Severity.WARNING: 1}
-_BADGE = {
-    ProblemKind.OVERDUE: "OVERDUE",
-    ProblemKind.BLOCKED: "BLOCKED",
-    ProblemKind.DRIFT: "DRIFT",
-}
+#: The colour of a state that is no problem (the others: "mute").
+_QUIET_CLASS = {JobState.RUNNING: "info", JobState.OK: "ok"}
 #: A dot in the tab's icon: the state of the cluster at a glance, among other tabs.
 _ICON = (
     "data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E"
@@ -70,8 +75,8 @@ def status_page(status: ClusterStatus, *, title: str, refresh: float, base: str)
             _header(status, title, refresh, base),
             _tiles(status, jobs),
             _problems(problems),
-            _section("Jobs", _jobs_table(sorted(jobs, key=_order), now), len(status.jobs)),
-            _section("Replicas", _replicas_table(status, now), len(status.replicas)),
+            _section("Jobs", _jobs_table(status, sorted(jobs, key=_order), now), len(status.jobs)),
+            _replicas_section(status, now),
             _footer(now, refresh, base),
         )
     )
@@ -136,14 +141,14 @@ def _tiles(status: ClusterStatus, jobs: list[_Job]) -> str:
     overdue = sum(1 for _, found in jobs if any(p.kind is ProblemKind.OVERDUE for p in found))
     running = sum(1 for view, _ in jobs if view.running)
     paused = sum(1 for view, _ in jobs if view.paused is not None)
-    alive = sum(1 for r in status.replicas if r.alive)
+    alive = len(status.live_replicas)
     tiles = (
         ("Jobs", str(len(jobs)), "info"),
         ("Failing", str(failing), "bad" if failing else "ok"),
         ("Overdue", str(overdue), "warn" if overdue else "ok"),
         ("Running now", str(running), "info"),
         ("Paused", str(paused), "warn" if paused else "ok"),
-        ("Replicas alive", f"{alive} / {len(status.replicas)}", "ok" if alive else "warn"),
+        ("Replicas alive", str(alive), "ok" if alive else "warn"),
     )
     cells = "".join(
         f'<div class="tile {kind}"><div class="n num">{_e(value)}</div>'
@@ -193,15 +198,17 @@ def _order(job: _Job) -> tuple[int, str]:
     return (len(_SEVERITY_RANK) if worst is None else _SEVERITY_RANK[worst]), view.job
 
 
-def _jobs_table(jobs: Iterable[_Job], now: datetime) -> str:
-    rows = "".join(_job_row(view, problems, now) for view, problems in jobs)
+def _jobs_table(status: ClusterStatus, jobs: Iterable[_Job], now: datetime) -> str:
+    rows = "".join(_job_row(status, view, problems, now) for view, problems in jobs)
     if not rows:
         return '<div class="panel allgood none">No jobs registered or run yet.</div>'
     return _table("jobs", _JOB_COLUMNS, rows)
 
 
-def _job_row(view: JobView, problems: tuple[Problem, ...], now: datetime) -> str:
-    badges, details = _job_state(view, problems, now)
+def _job_row(
+    status: ClusterStatus, view: JobView, problems: tuple[Problem, ...], now: datetime
+) -> str:
+    badges, details = _job_state(status, view, problems, now)
     worst = _worst(problems)
     trigger = (
         f'<div class="trigger mono">{_e(view.trigger)}</div>'
@@ -209,7 +216,7 @@ def _job_row(view: JobView, problems: tuple[Problem, ...], now: datetime) -> str
         else '<div class="trigger">not registered by any replica</div>'
     )
     badge_html = "".join(f'<span class="badge {kind}">{_e(word)}</span>' for word, kind in badges)
-    status = f'<div class="badges">{badge_html}</div>{"".join(details)}'
+    state = f'<div class="badges">{badge_html}</div>{"".join(details)}'
     missed = (
         f'<span class="num warn">{view.missed}</span>'
         if view.missed
@@ -220,7 +227,7 @@ def _job_row(view: JobView, problems: tuple[Problem, ...], now: datetime) -> str
     )
     cells = (
         ("Job", f'<div class="job">{_e(view.job)}</div>{trigger}{_scheduled_by(view)}', "lead"),
-        ("Status", status, ""),
+        ("Status", state, ""),
         ("Last run", _last_run(view, now), ""),
         ("Last success", _when(view.last_success_at, now, never="never"), ""),
         ("Next due", _when(view.next_due, now, never="none expected"), ""),
@@ -243,34 +250,34 @@ def _td(label: str, content: str, css_class: str) -> str:
 
 
 def _job_state(
-    view: JobView, problems: tuple[Problem, ...], now: datetime
+    status: ClusterStatus, view: JobView, problems: tuple[Problem, ...], now: datetime
 ) -> tuple[list[tuple[str, str]], list[str]]:
-    """The job's problems (worst first, one badge a kind) and states as words with a colour
-    each, and a line of detail per notable one."""
-    badges: list[tuple[str, str]] = []
+    """The job's states (:meth:`ClusterStatus.job_states`) as words with a colour each, and
+    a line of detail per notable one."""
+    badges = [(state.value, _state_class(state)) for state in status.job_states(view, problems)]
     details: list[str] = []
-    worst_first = sorted(problems, key=lambda p: _SEVERITY_RANK[p.severity])
-    kinds = dict.fromkeys(p.kind for p in worst_first)  # one badge a kind, in that order
-    for kind in kinds:
-        if kind is ProblemKind.LAST_RUN_FAILED:
-            word = (view.last_outcome or "").replace("_", " ").upper()
-        else:
-            word = _BADGE[kind]
-        badges.append((word, _SEVERITY_CLASS[kind.severity]))
+    for kind in dict.fromkeys(p.kind for p in sorted(problems, key=_severity_rank)):
         details += _problem_detail(kind, view, now)
     if view.running:
-        badges.append(("RUNNING", "info"))
         who = ", ".join(f"{_e(r)} (run {run})" for r, run in view.running)
         details.append(f'<div class="detail">running on {who}</div>')
     if view.paused is not None:
-        badges.append(("PAUSED", "mute"))
         details.append(
             f'<div class="detail">paused by {_e(view.paused.paused_by)}, '
             f"{_e(_span(now - view.paused.paused_at))} ago</div>"
         )
-    if not badges:
-        badges.append(_quiet_badge(view))
     return badges, details
+
+
+def _severity_rank(problem: Problem) -> int:
+    return _SEVERITY_RANK[problem.severity]
+
+
+def _state_class(state: JobState) -> str:
+    severity = state.severity
+    if severity is not None:
+        return _SEVERITY_CLASS[severity]
+    return _QUIET_CLASS.get(state, "mute")
 
 
 def _problem_detail(kind: ProblemKind, view: JobView, now: datetime) -> list[str]:
@@ -290,14 +297,6 @@ def _problem_detail(kind: ProblemKind, view: JobView, now: datetime) -> list[str
         )
         return [f'<div class="detail warn">replicas disagree:{shapes}</div>']
     return []  # a failed run: its outcome and error have columns of their own
-
-
-def _quiet_badge(view: JobView) -> tuple[str, str]:
-    """The badge of a job with nothing to act on, running or paused."""
-    if view.last_outcome is None:
-        return "NO RUNS YET", "mute"
-    # A job no replica registers any more: whatever its last run, that is history.
-    return ("OK", "ok") if view.registered else ("UNREGISTERED", "mute")
 
 
 def _scheduled_by(view: JobView) -> str:
@@ -339,11 +338,28 @@ def _outcome_class(outcome: Outcome | None) -> str:
 # ---- replicas -----------------------------------------------------------------------------
 
 
-def _replicas_table(status: ClusterStatus, now: datetime) -> str:
-    ordered = sorted(status.replicas, key=lambda r: (not r.alive, r.replica_id))
-    if not ordered:
-        return '<div class="panel allgood none">No replica has registered.</div>'
-    rows = "".join(_replica_row(r, now, r.replica_id == status.leader) for r in ordered)
+def _replicas_section(status: ClusterStatus, now: datetime) -> str:
+    """The live replicas, then the departed ones folded away: a row per process that ever
+    ran (by default), history rather than the cluster's state."""
+    live = sorted(status.live_replicas, key=lambda r: r.replica_id)
+    departed = status.departed_replicas
+    if not live and not departed:
+        table = '<div class="panel allgood none">No replica has registered.</div>'
+    elif live:
+        table = _replicas_table(status, live, now)
+    else:
+        table = '<div class="panel nobody">No replica is alive.</div>'
+    if departed:
+        table += (
+            f'<details class="departed"><summary>{len(departed)} departed (stopped or died),'
+            f" the latest seen first</summary>{_replicas_table(status, departed, now)}</details>"
+        )
+    heading = f"Replicas ({len(live)} alive" + (f", {len(departed)} departed)" if departed else ")")
+    return f"<section><h2>{_e(heading)}</h2>{table}</section>"
+
+
+def _replicas_table(status: ClusterStatus, replicas: Iterable[ReplicaStatus], now: datetime) -> str:
+    rows = "".join(_replica_row(r, now, r.replica_id == status.leader) for r in replicas)
     return _table("replicas", _REPLICA_COLUMNS, rows)
 
 
@@ -364,7 +380,11 @@ def _replica_row(replica: ReplicaStatus, now: datetime, leads: bool) -> str:
     )
     if leads:  # leader mode: it claims every leader-mode tick
         state += ' <span class="badge info">LEADER</span>'
-    pid = f'<div class="small">pid {replica.backend_pid}</div>' if replica.backend_pid else ""
+    pid = (
+        f'<div class="small">{_e(replica.pid_label)} {replica.backend_pid}</div>'
+        if replica.backend_pid
+        else ""
+    )
     names = ", ".join(replica.jobs)
     jobs = _or_dash(names and f'<span class="mono">{_e(names)}</span>')
     cells = (

@@ -57,6 +57,9 @@ h2 { margin: 0 0 10px; font-size: 15px; text-transform: uppercase; letter-spacin
 .tile.ok { border-top-color: var(--ok); }
 .tile.info { border-top-color: var(--info); }
 section { margin-bottom: 20px; }
+.nobody { padding: 12px 16px; color: var(--muted); }
+details.departed { margin-top: 8px; }
+details.departed summary { cursor: pointer; color: var(--muted); font-size: 13px; }
 .panel { background: var(--panel); border: 1px solid var(--line); border-radius: 10px; }
 .tablewrap { overflow-x: auto; }
 .problems { padding: 12px 16px; border-left: 6px solid var(--bad); }
@@ -87,7 +90,8 @@ tr.warn td:first-child { box-shadow: inset 5px 0 0 var(--warn); }
 .none { color: var(--muted); }
 .badges { display: flex; flex-wrap: wrap; gap: 4px; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 999px; font-size: 11.5px;
-  font-weight: 700; letter-spacing: 0.04em; white-space: nowrap; border: 1px solid; }
+  font-weight: 700; letter-spacing: 0.04em; white-space: nowrap; border: 1px solid;
+  text-transform: uppercase; }
 .badge.ok { color: var(--ok); background: var(--ok-bg); }
 .badge.bad { color: var(--bad); background: var(--bad-bg); }
 .badge.warn { color: var(--warn); background: var(--warn-bg); }

@@ -83,9 +83,9 @@ def check_config(path: str, *, count: int = 3, out: TextIO = sys.stdout) -> int:
         if settings.database_url
         else f"embedded (state in {os.path.abspath(settings.state_dir or '.replicron')})"
     )
-    zone = ZoneInfo(settings.timezone)
     print(f"{path}: {len(config.jobs)} jobs on {backend}, time zone {settings.timezone}", file=out)
     for job in config.jobs:
+        zone = ZoneInfo(job.tz or settings.timezone)  # each job's fire times in its own zone
         what = shlex.join(job.command) if job.command is not None else f"call {job.call}"
         print(f"  {job.name}: {job.trigger} = {job.schedule!r}; runs {what}", file=out)
         for instant in upcoming_runs[job.name]:

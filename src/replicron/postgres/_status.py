@@ -30,4 +30,6 @@ def job_status(row: tuple[Any, ...]) -> JobStatus:
 def replica_status(row: tuple[Any, ...]) -> ReplicaStatus:
     replica, pid, offset_ms, started, seen, alive = row
     offset = None if offset_ms is None else offset_ms / 1000
-    return ReplicaStatus(replica, pid, offset, started, seen, bool(alive))
+    return ReplicaStatus(
+        replica, pid, offset, started, seen, bool(alive), pid_label="PostgreSQL backend pid"
+    )

@@ -5,15 +5,20 @@ run now asks every replica that schedules the job for one manual run, run once."
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import datetime
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.contrib import admin, messages
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+from django.utils.timezone import localtime
 
 from replicron.backends.base import ClusterRegistry, RunRequests
 from replicron.cluster import ClusterStatus, JobView
@@ -71,10 +76,40 @@ class _ReadOnly(admin.ModelAdmin):
         return False
 
 
+def _when(instant: datetime | None) -> str:
+    """An instant to the second in the project's time zone: ticks may be seconds apart."""
+    if instant is None:
+        return "-"
+    return str(localtime(instant).isoformat(sep=" ", timespec="seconds"))
+
+
+def _instant(field: str, label: str) -> Any:
+    """A column or read-only field that shows the model's ``field`` with :func:`_when`."""
+    read = operator.attrgetter(field)
+
+    @admin.display(description=label, ordering=field)
+    def show(model_admin: Any, row: Any) -> str:
+        return _when(read(row))
+
+    return show
+
+
 @admin.register(RegisteredJob)
 class RegisteredJobAdmin(_ReadOnly):
     list_display = ("job", "trigger", "state", "last_outcome", "last_run", "next_due")
-    readonly_fields = ("job", "trigger", "replica_id", "fingerprint", "last_seen")
+    readonly_fields = (
+        "job",
+        "trigger",
+        "state",
+        "last_outcome",
+        "last_run",
+        "next_due",
+        "runs",
+        "replica_id",
+        "fingerprint",
+        "seen",
+    )
+    fields = readonly_fields
     search_fields = ("job",)
     sortable_by = ()  # one row per job: the ordering picks each job's latest registration
     actions = ("pause", "resume", "run_now")
@@ -95,8 +130,7 @@ class RegisteredJobAdmin(_ReadOnly):
         status = _status(request)
         if view is None or status is None:
             return "-"
-        kinds = [problem.kind.value for problem in status.job_problems(view)]
-        return ", ".join((["paused"] if view.paused is not None else []) + kinds) or "ok"
+        return ", ".join(status.job_states(view))
 
     @admin.display(description="last outcome")
     def last_outcome(self, job: RegisteredJob) -> str:
@@ -104,18 +138,32 @@ class RegisteredJobAdmin(_ReadOnly):
         return (view.last_outcome or "-") if view else "-"
 
     @admin.display(description="last tick")
-    def last_run(self, job: RegisteredJob) -> datetime | None:
+    def last_run(self, job: RegisteredJob) -> str:
         view = self._view(_page.request, job)
-        return view.last_scheduled_at if view else None
+        return _when(view.last_scheduled_at if view else None)
 
     @admin.display(description="next due")
-    def next_due(self, job: RegisteredJob) -> datetime | None:
+    def next_due(self, job: RegisteredJob) -> str:
         view = self._view(_page.request, job)
-        return view.next_due if view else None
+        return _when(view.next_due if view else None)
+
+    @admin.display(description="runs")
+    def runs(self, job: RegisteredJob) -> str:
+        query = urlencode({"job__exact": job.job})
+        url = reverse("admin:replicron_run_changelist")
+        return str(format_html('<a href="{}?{}">the runs of {}</a>', url, query, job.job))
+
+    seen = _instant("last_seen", "last seen")
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         _page.request = request  # the columns read the cluster's status of this request
         return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        _page.request = request
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def _each(
         self,
@@ -158,23 +206,70 @@ class RegisteredJobAdmin(_ReadOnly):
 @admin.register(Run)
 class RunAdmin(_ReadOnly):
     list_display = (
-        "run_id", "job", "scheduled_at", "outcome", "ticks", "replica_id", "started_at",
-        "finished_at", "manual",
-    )  # fmt: skip
+        "run_id",
+        "job",
+        "tick",
+        "outcome",
+        "ticks",
+        "replica_id",
+        "started",
+        "finished",
+        "manual",
+    )
     list_filter = ("outcome", "manual", "job")
     search_fields = ("job", "replica_id", "error")
-    readonly_fields = (
-        "run_id", "job", "scheduled_at", "scheduled_through", "ticks", "outcome", "replica_id",
-        "started_at", "finished_at", "manual", "error",
-    )  # fmt: skip
-    exclude = ("namespace",)
+    readonly_fields = (*list_display, "through", "error")
+    fields = readonly_fields
+
+    tick = _instant("scheduled_at", "tick")
+    started = _instant("started_at", "started")
+    finished = _instant("finished_at", "finished")
+    through = _instant("scheduled_through", "through tick")  # a range of missed ticks
+
+
+class _Presence(admin.SimpleListFilter):
+    """Live replicas unless asked for the departed: with the default replica id
+    (``hostname:pid``) every restart leaves a row behind."""
+
+    title = "presence"
+    parameter_name = "presence"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("departed", "departed"), ("all", "all")]
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "live",
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        status = _status(request)
+        if status is None or self.value() == "all":
+            return queryset
+        live = [replica.replica_id for replica in status.live_replicas]
+        if self.value() == "departed":
+            return queryset.exclude(replica_id__in=live)
+        return queryset.filter(replica_id__in=live)
 
 
 @admin.register(Replica)
 class ReplicaAdmin(_ReadOnly):
-    list_display = ("replica_id", "alive", "coordination", "started_at", "last_seen", "stopped_at")
-    readonly_fields = ("replica_id", "coordination", "started_at", "last_seen", "stopped_at")
-    exclude = ("namespace",)
+    list_display = ("replica_id", "alive", "coordination", "started", "seen", "stopped")
+    list_filter = (_Presence,)
+    readonly_fields = ("replica_id", "coordination", "started", "seen", "stopped")
+    fields = readonly_fields
+
+    started = _instant("started_at", "started")
+    seen = _instant("last_seen", "last seen")
+    stopped = _instant("stopped_at", "stopped")
 
     @admin.display(description="alive", boolean=True)
     def alive(self, replica: Replica) -> bool | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from typing import Any, ClassVar
+from zoneinfo import ZoneInfo
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -16,6 +17,7 @@ from replicron.contrib.django.conf import make_backend, read_settings
 from replicron.contrib.django.declare import build_scheduler
 from replicron.contrib.django.runtime import run_until_signalled
 from replicron.dsn import mask_dsn
+from replicron.triggers import WallClockTrigger
 
 __all__ = ["Command"]
 
@@ -35,6 +37,9 @@ class Command(BaseCommand):
         status = commands.add_parser("status", help="each job's last run, next tick, problems")
         status.add_argument("--json", action="store_true", help="print it as JSON")
         status.add_argument("--check", action="store_true", help="exit 1 with one line per problem")
+        status.add_argument(
+            "--departed", action="store_true", help="list the departed replicas too"
+        )
         for name, text in (
             ("pause", "pause a job on every replica"),
             ("resume", "resume a paused job"),
@@ -82,9 +87,17 @@ class Command(BaseCommand):
     def _check(self, settings: Any, count: int) -> None:
         scheduler = build_scheduler(settings)
         for job in scheduler.jobs():
-            self.stdout.write(f"{job.name}: {job.trigger!r}")
+            trigger = job.trigger
+            # In the job's own zone, as the daemon's check prints them: a Europe/Berlin job
+            # fires at 03:00+01:00, not at 02:00+00:00.
+            zone = (
+                trigger.zone
+                if isinstance(trigger, WallClockTrigger)
+                else ZoneInfo(settings.timezone)
+            )
+            self.stdout.write(f"{job.name}: {trigger}")
             for instant in job.next_runs(count):
-                self.stdout.write(f"    {instant.isoformat()}")
+                self.stdout.write(f"    {instant.astimezone(zone).isoformat()}")
         self.stdout.write(f"OK: {len(scheduler.jobs())} jobs, backend {settings.backend}")
 
     def _cluster(self, settings: Any, action: str, options: dict[str, Any]) -> None:
@@ -101,6 +114,7 @@ class Command(BaseCommand):
         argv = [action]
         if action == "status":
             argv += ["--json"] * options["json"] + ["--check"] * options["check"]
+            argv += ["--departed"] * options["departed"]
         else:
             argv += [options["job"]] + ["--force"] * options.get("force", False)
         code = run_cluster_command(argv, backend, where, migrate_with="manage.py migrate")
