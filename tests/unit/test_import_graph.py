@@ -248,11 +248,12 @@ def test_the_reach_check_finds_a_reach() -> None:
     assert _reaches(text.replace("'peers'", "'__name__'"), "replicron.scheduler") == []
 
 
-#: CONTRIBUTING.md: a module that grows past this is split by what its parts do.
-MAX_MODULE_LINES = 450
+#: CONTRIBUTING.md: an alarm, not a budget. Modules are split by meaning; one that grows past
+#: this is looked at for the several ideas it may have come to hold.
+MAX_MODULE_LINES = 1000
 
 
-def test_no_module_is_over_the_size_a_reader_takes_in() -> None:
+def test_no_module_is_past_the_size_alarm() -> None:
     sizes = {
         str(path.relative_to(ROOT)): len(path.read_text().splitlines())
         for path in ROOT.rglob("*.py")
