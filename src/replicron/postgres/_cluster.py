@@ -24,7 +24,7 @@ from replicron.cluster import (
 from replicron.errors import JobNotFoundError
 
 from ._secrets import scrub
-from ._session import BackendUnavailableError
+from ._session import BackendUnavailableError, connect_failure
 from ._sql import queries
 from ._status import job_status, replica_status
 
@@ -78,7 +78,7 @@ async def _connect(conninfo: str, connect_timeout: float) -> psycopg.AsyncConnec
     except (psycopg.Error, TimeoutError, OSError) as exc:
         scrub(exc, conninfo)  # libpq may quote the connection string
         raise BackendUnavailableError(
-            f"cannot connect to PostgreSQL: {exc or type(exc).__name__}"
+            connect_failure("cannot connect to PostgreSQL", exc, connect_timeout)
         ) from exc
 
 
