@@ -66,25 +66,24 @@ def check_job_name(name: object) -> str:
 def check_namespace(namespace: object) -> str:
     """Return ``namespace`` (``""`` for none) if the database can store it and a log line
     can show it, else raise :class:`ConfigurationError` saying why."""
-    if not isinstance(namespace, str):
-        raise ConfigurationError(f"namespace must be a str, not {type(namespace).__name__}")
-    if _has_control_characters(namespace):
-        raise ConfigurationError(
-            f"namespace {namespace!r} contains control characters (a NUL byte, a newline...)"
-        )
-    return namespace
+    return _identity(namespace, "namespace", ConfigurationError, may_be_empty=True)
 
 
 def check_replica_id(replica_id: object) -> str:
     """Return ``replica_id`` if it can name a replica in the ledger and the logs, else raise
     :class:`InvalidJobOptionError` saying why."""
-    if not isinstance(replica_id, str) or not replica_id.strip():
-        raise InvalidJobOptionError(f"replica_id must be a non-empty string, not {replica_id!r}")
-    if _has_control_characters(replica_id):
-        raise InvalidJobOptionError(
-            f"replica_id {replica_id!r} contains control characters (a NUL byte, a newline...)"
-        )
-    return replica_id
+    return _identity(replica_id, "replica_id", InvalidJobOptionError, may_be_empty=False)
+
+
+def _identity(
+    value: object, what: str, error: type[ConfigurationError], *, may_be_empty: bool
+) -> str:
+    if not isinstance(value, str) or not (may_be_empty or value.strip()):
+        kind = "a str" if may_be_empty else "a non-empty string"
+        raise error(f"{what} must be {kind}, not {value!r}")
+    if _has_control_characters(value):
+        raise error(f"{what} {value!r} contains control characters (a NUL byte, a newline...)")
+    return value
 
 
 def _has_control_characters(text: str) -> bool:
