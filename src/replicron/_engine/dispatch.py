@@ -216,6 +216,7 @@ class Dispatcher:
         lost.clear()
         sent = time.monotonic()
         claims = await self._backend.claim(requests)
+        self._recorder.health.answered()
         self._claim_times.append(time.monotonic() - sent)
         if self._ahead_limit:
             await self._until(max(tick.scheduled_at for tick in ticks))

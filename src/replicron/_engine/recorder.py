@@ -10,6 +10,7 @@ from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_rec
 from replicron.events import Outcome, RunEvent
 
 from .background import Background
+from .health import BackendHealth, is_outage
 from .lifecycle import Lifecycle
 from .observe import Observer
 from .planner import Tick
@@ -60,8 +61,11 @@ class Recorder:
         background: Background,
         life: Lifecycle,
         replica_id: str,
+        health: BackendHealth,
     ) -> None:
         self._backend, self._registry, self._observer = backend, registry, observer
+        #: Whether the backend answers: told of every call here that reaches a verdict.
+        self.health = health
         self._background, self._life, self.replica_id = background, life, replica_id
         self._releases: list[Release] = []
         self._released_states: list[JobState | None] = []
@@ -149,12 +153,16 @@ class Recorder:
             states, self._released_states = self._released_states, []
             written, self._written = self._written, []
             try:
+                # Returning proves nothing: a backend may keep outcomes to write them later.
                 await self._backend.release(batch)
             except Exception as exc:
+                self.health.failed(exc, "recording outcomes")
+                # The backend's outage is said once; which outcomes it lost, each time.
+                trace = None if is_outage(exc) else exc
                 for record, _ in batch:
                     self._observer.log(
                         _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
-                        record.job, record.scheduled_at, record.run_id, exc,
+                        record.job, record.scheduled_at, record.run_id, trace,
                     )  # fmt: skip
             for call in written:
                 call()
@@ -176,6 +184,7 @@ class Recorder:
             for t in ticks
         ]  # fmt: skip
         recorded = await self._backend.record_unclaimed(records)
+        self.health.answered()
         early: list[Tick] = []
         for record, ours in zip(records, recorded, strict=True):
             if ours:
@@ -186,8 +195,10 @@ class Recorder:
             self._observer.log(_WARNING, "missed", "more ticks were missed than listed", name)
         return early
 
-    def lock_error(self, ticks: list[Tick], exc: Exception) -> None:
-        self._observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
+    def lock_error(self, ticks: list[Tick], exc: Exception, doing: str) -> None:
+        """The backend failed while ``doing`` something with ``ticks``: said by the health
+        (once for an outage), told to the listeners for each tick."""
+        self.health.failed(exc, doing)
         if self._observer.listeners:
             for tick in ticks:
                 event = RunEvent(tick.job, tick.scheduled_at, self.replica_id, error=exc)

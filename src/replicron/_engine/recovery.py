@@ -20,7 +20,7 @@ from .retries import Retries
 
 __all__ = ["Recovery"]
 
-_WARNING, _ERROR = logging.WARNING, logging.ERROR
+_INFO, _ERROR = logging.INFO, logging.ERROR
 
 
 class Recovery:
@@ -54,6 +54,7 @@ class Recovery:
         backlog runs one after another); records the others."""
         runs: list[Tick] = []
         lasts = await self._backend.last_ticks(names)
+        self._recorder.health.answered()
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
             if last is None and since:
@@ -104,14 +105,15 @@ class Recovery:
             try:
                 await self.record_missed(missed, set(), why)
             except Exception as exc:
-                self._recorder.lock_error(missed, exc)
+                self._recorder.lock_error(missed, exc, "recording ticks missed")
                 self._retries.unhandle(missed + runs, now)
                 return []
-        if runs or missed:
+        # Said once the backend has answered: until then each retry would say it again.
+        if (runs or missed) and self._recorder.health.available:
             self._observer.log(
-                _WARNING, "resync",
-                f"backend reachable again: {len(runs)} ticks to run, {len(missed)} recorded "
-                "missed (by each job's catch_up and misfire_grace)",
+                _INFO, "resync",
+                f"ticks that fell due while the backend was unavailable: {len(runs)} to run, "
+                f"{len(missed)} recorded missed (by each job's catch_up and misfire_grace)",
             )  # fmt: skip
         return runs
 
