@@ -332,7 +332,7 @@ class LockSession:
             if not retry or isinstance(exc, _CannotConnect):
                 raise
             if not isinstance(exc, _RolledBack):
-                logger.warning("lost the lock session; retrying once on a new one")
+                logger.debug("lost the lock session; retrying once on a new one")
             return await self._fetch_once(query, params)
 
     async def _fetch_once(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
