@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests._harness.daemons import Daemons
+from tests._harness.daemons import Daemons, daemons_of_test
 from tests._harness.processes import Child
 from tests._harness.replicas import Replicas
 from tests._harness.reporting import report_on_failure
@@ -127,9 +127,5 @@ def daemons(
     request: pytest.FixtureRequest, tmp_path: Path, daemon_host: type[Daemons]
 ) -> Iterator[Daemons]:
     """Daemon processes of the test, their logs attached to its report if it fails."""
-    host = daemon_host(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
+    with daemons_of_test(request, daemon_host(tmp_path)) as host:
         yield host
-    finally:
-        host.close()
