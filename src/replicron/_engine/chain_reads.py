@@ -12,6 +12,8 @@ from .registry import JobRegistry
 
 __all__ = ["ChainReads"]
 
+_READING = "reading the last finish of fixed-delay jobs"
+
 
 class ChainReads:
     def __init__(self, backend: Backend, registry: JobRegistry, health: BackendHealth) -> None:
@@ -28,9 +30,9 @@ class ChainReads:
         try:
             found = await self._reader.last_finishes(jobs)
         except Exception as exc:
-            self._health.failed(exc, f"reading the last finish of {', '.join(jobs)}")
+            self._health.failed(exc, _READING)
             return
-        self._health.answered()
+        self._health.answered(_READING)
         self._registry.chains_learned(jobs, found, now)
 
     def read_at(self) -> datetime | None:

@@ -62,6 +62,9 @@ REQUESTS_EVERY = 2.0
 #: Seconds the last write may take at shutdown.
 LAST_WRITE = 2.0
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+", re.I)
+#: What the watch does with the backend, as told to its health.
+_WRITING = "writing this replica's jobs to the registry"
+_READING_REQUESTS, _READING_STATUS = "reading the manual runs asked for", "reading the status"
 
 StatusCallback = Callable[[ClusterStatus | None], None]
 
@@ -210,9 +213,9 @@ class ClusterWatch:
             try:
                 pending = await backend.run_requests(jobs) if jobs else []
                 if jobs:
-                    self._health.answered()
+                    self._health.answered(_READING_REQUESTS)
             except Exception as exc:
-                self._health.failed(exc, "reading the manual runs asked for")
+                self._health.failed(exc, _READING_REQUESTS)
                 pending = list(handed)  # nothing is known done
             registry.requests_done(handed.pop(done) for done in handed.keys() - set(pending))
             new = [request for request in pending if request not in handed]
@@ -255,7 +258,7 @@ class ClusterWatch:
         if complete:  # every row: last_seen says it is current, and no row of another is left
             changed = list(current.values())
         drift = await self._backend.announce(changed, removed, complete)
-        self._health.answered()
+        self._health.answered(_WRITING)
         self._written = current
         self._removed -= set(removed)
         self._written_at = time.monotonic()
@@ -306,10 +309,10 @@ class ClusterWatch:
         try:
             status = await self._backend.cluster_status()
         except Exception as exc:
-            self._health.failed(exc, "reading the cluster's status")
+            self._health.failed(exc, _READING_STATUS)
             status = None
         else:
-            self._health.answered()
+            self._health.answered(_READING_STATUS)
         for callback in [cb for cb, _ in self._watchers.values()]:
             try:
                 callback(status)
@@ -317,4 +320,4 @@ class ClusterWatch:
                 self._observer.logger.exception("a cluster status watcher failed")
 
     def _failed(self, exc: Exception) -> None:
-        self._health.failed(exc, "writing this replica's jobs to the registry")
+        self._health.failed(exc, _WRITING)

@@ -34,7 +34,7 @@ from .background import Background
 from .chain_reads import ChainReads
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
-from .health import BackendHealth
+from .health import CATCHING_UP, CLAIMING, CLAIMING_MANUAL, RECORDING_MISSED, BackendHealth
 from .leadership import Leadership
 from .lifecycle import Lifecycle
 from .membership import Membership, held_by_staying
@@ -92,7 +92,10 @@ class Engine:
         self.life = Lifecycle()
         self._background = Background(self._quiet_may_have_changed)
         self.observer = Observer(logger, replica_id, listeners, self._background.spawn)
-        self.health = health = BackendHealth(self.observer, clock.now)
+        self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
+        # A backend that refuses to coordinate said why itself: its refusals are no outage.
+        refusal = (lambda: None) if shared is None else (lambda: shared.refusal)
+        self.health = health = BackendHealth(self.observer, clock.now, refusal)
         self.registry = JobRegistry(
             clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke,
             changed=self._job_changed, replica_id=replica_id,
@@ -108,7 +111,6 @@ class Engine:
             lease_end=backend.lease_end if isinstance(backend, LeasedRuns) else None,
         )  # fmt: skip
         self._retries = Retries()
-        self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
         self.leadership = Leadership(backend, self.registry, self.observer, self._poke)
         self._dispatcher = Dispatcher(
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
@@ -259,7 +261,7 @@ class Engine:
             "that stay joined after it was due, so none of them holds it"
         )  # fmt: skip
         missed = self._recovery.record_missed(left, set(), why)
-        if await self._guarded(missed, left, "recording ticks missed") is _FAILED:
+        if await self._guarded(missed, left, RECORDING_MISSED) is _FAILED:
             self._retries.unhandle(left, self.clock.now())
 
     # ---- the loop ----------------------------------------------------------------------
@@ -290,7 +292,7 @@ class Engine:
         retries.new_step()
         if catch_up:
             found = await self._guarded(
-                self._recovery.catch_up(catch_up, now, since), [], "catching up"
+                self._recovery.catch_up(catch_up, now, since), [], CATCHING_UP
             )
             if isinstance(found, _Failed):
                 self.registry.catch_up_later(catch_up)
@@ -304,26 +306,23 @@ class Engine:
         if due:
             if immediate:
                 due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
-            if (
-                await self._guarded(self._dispatcher.dispatch(due), due, "claiming ticks")
-                is _FAILED
-            ):
+            if await self._guarded(self._dispatcher.dispatch(due), due, CLAIMING) is _FAILED:
                 retries.unhandle(due, now)
         if manual:
             claimed = self._dispatcher.dispatch(manual, manual=True)
-            if await self._guarded(claimed, manual, "claiming manual runs") is _FAILED:
+            if await self._guarded(claimed, manual, CLAIMING_MANUAL) is _FAILED:
                 self.registry.manual_again(manual)
                 retries.retry_backend(now)
         if decision.missed:
             missed = self._recovery.record_missed(
                 decision.missed, decision.truncated, "a later tick was due"
             )
-            if await self._guarded(missed, decision.missed, "recording ticks missed") is _FAILED:
+            if await self._guarded(missed, decision.missed, RECORDING_MISSED) is _FAILED:
                 retries.unhandle(decision.missed, now)
         if replaced:
             why = "a later tick was due before any replica had a free worker thread for it"
             missed = self._recovery.record_missed(replaced, set(), why)
-            if await self._guarded(missed, replaced, "recording ticks missed") is _FAILED:
+            if await self._guarded(missed, replaced, RECORDING_MISSED) is _FAILED:
                 retries.unhandle(replaced, now)
         self._stepping = []
         self._runs.expire(self.clock.now())

@@ -1,11 +1,14 @@
 """Whether the backend answers: the one voice in the log that says so.
 
 Every part of the engine that calls the backend tells :class:`BackendHealth` how the call
-went. The first failure is one WARNING with its reason; while the backend stays unavailable a
-reminder follows every :data:`REMIND_EVERY`; one INFO says when a call got its answer again
-(a statement ran, not merely a connection opened). An error that is not the backend being
+went, naming what it was doing. The first failure is one WARNING with its reason; while the
+backend stays unavailable a reminder follows every :data:`REMIND_EVERY`; one INFO says when
+it is back: each kind of call that failed and is tried again has got its answer (a statement
+ran, not merely a connection opened), so that a backend answering some calls and not others
+(a table locked, say) is not said to come and go. An error that is not the backend being
 unavailable (a bug, a statement the server refused) is an ERROR with its traceback, once for
-each kind of error until the backend answers again.
+each kind of error until the backend is back. A backend that refuses to coordinate (it said
+why itself) is no outage.
 """
 
 from __future__ import annotations
@@ -20,10 +23,21 @@ from replicron._schedule.durations import duration_text
 from .observe import Observer
 from .retries import RETRY_UNREACHABLE
 
-__all__ = ["REMIND_EVERY", "BackendHealth"]
+__all__ = [
+    "CATCHING_UP",
+    "CLAIMING",
+    "CLAIMING_MANUAL",
+    "RECORDING_MISSED",
+    "REMIND_EVERY",
+    "BackendHealth",
+    "is_outage",
+]
 
 #: How often the log says again that the backend is still unavailable.
 REMIND_EVERY = timedelta(seconds=60)
+#: What the engine does with the backend, where more than one part does it.
+CLAIMING, CLAIMING_MANUAL = "claiming ticks", "claiming manual runs"
+RECORDING_MISSED, CATCHING_UP = "recording ticks missed", "catching up"
 _INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
 
@@ -43,22 +57,31 @@ def _since(delta: timedelta) -> str:
 
 
 class BackendHealth:
-    def __init__(self, observer: Observer, now: Callable[[], datetime]) -> None:
-        self._observer, self._now = observer, now
+    def __init__(
+        self,
+        observer: Observer,
+        now: Callable[[], datetime],
+        refusal: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self._observer, self._now, self._refusal = observer, now, refusal
         self._down_since: datetime | None = None
+        #: The kinds of call that failed and are tried again, not answered since: when each
+        #: last failed (one not tried for a while is no longer tried: it holds nothing up).
+        self._failing: dict[str, datetime] = {}
         self._reminded_at: datetime | None = None
         self._reason = ""
         #: The unexpected errors logged with their traceback since the backend last answered.
         self._told: set[tuple[type[BaseException], str]] = set()
 
-    @property
-    def available(self) -> bool:
-        """Whether the last call that reached a verdict got its answer."""
-        return self._down_since is None
-
-    def failed(self, exc: BaseException, doing: str) -> None:
-        """A call to the backend failed with ``exc`` while ``doing`` something."""
+    def failed(self, exc: BaseException, doing: str, *, retried: bool = True) -> None:
+        """A call to the backend failed with ``exc`` while ``doing`` something; ``retried``:
+        the same kind of call is made again (not a one-off, such as joining)."""
+        if self._refusal() is not None:
+            self._observer.log(logging.DEBUG, "lock_error", f"{doing}: {_reason(exc)}")
+            return
         now = self._now()
+        if retried:
+            self._failing[doing] = now
         self._reason = f"{doing}: {_reason(exc)}"
         if not is_outage(exc):
             told = (type(exc), str(exc))
@@ -85,11 +108,16 @@ class BackendHealth:
                 f"{_since(now - self._down_since)} ({self._reason})",
             )  # fmt: skip
 
-    def answered(self) -> None:
-        """A call to the backend got its answer: a statement ran."""
+    def answered(self, doing: str) -> None:
+        """A call to the backend, ``doing`` something, got its answer: a statement ran."""
+        self._failing.pop(doing, None)
         if self._down_since is None:
             return
-        down_for = self._now() - self._down_since
+        now = self._now()
+        if any(now - failed < REMIND_EVERY for failed in self._failing.values()):
+            return
+        self._failing.clear()
+        down_for = now - self._down_since
         self._down_since = self._reminded_at = None
         self._told.clear()
         self._observer.log(

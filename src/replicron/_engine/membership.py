@@ -51,9 +51,9 @@ class Membership:
         try:
             await self._shared.join(since)
         except Exception as exc:  # it still plans: only a hand-over is judged less well
-            self._health.failed(exc, "telling the others this replica joined")
+            self._health.failed(exc, "telling the others this replica joined", retried=False)
             return
-        self._health.answered()
+        self._health.answered("telling the others this replica joined")
 
     async def leave(self, limit: float) -> Mapping[str, datetime] | None:
         """Claiming is over: the other replicas are told at once (they stop leaving this one
@@ -73,7 +73,7 @@ class Membership:
         try:
             staying = await shared.leave()
         except Exception as exc:  # unreachable, say: as if nobody knew who stays
-            self._health.failed(exc, "telling the others this replica leaves")
+            self._health.failed(exc, "telling the others this replica leaves", retried=False)
             return None
-        self._health.answered()
+        self._health.answered("telling the others this replica leaves")
         return staying

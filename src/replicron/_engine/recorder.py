@@ -10,7 +10,7 @@ from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_rec
 from replicron.events import Outcome, RunEvent
 
 from .background import Background
-from .health import BackendHealth, is_outage
+from .health import RECORDING_MISSED, BackendHealth, is_outage
 from .lifecycle import Lifecycle
 from .observe import Observer
 from .planner import Tick
@@ -156,7 +156,7 @@ class Recorder:
                 # Returning proves nothing: a backend may keep outcomes to write them later.
                 await self._backend.release(batch)
             except Exception as exc:
-                self.health.failed(exc, "recording outcomes")
+                self.health.failed(exc, "recording outcomes", retried=False)
                 # The backend's outage is said once; which outcomes it lost, each time.
                 trace = None if is_outage(exc) else exc
                 for record, _ in batch:
@@ -184,7 +184,7 @@ class Recorder:
             for t in ticks
         ]  # fmt: skip
         recorded = await self._backend.record_unclaimed(records)
-        self.health.answered()
+        self.health.answered(RECORDING_MISSED)
         early: list[Tick] = []
         for record, ours in zip(records, recorded, strict=True):
             if ours:

@@ -12,6 +12,7 @@ from datetime import datetime
 from replicron.backends.base import Backend
 from replicron.triggers import FixedDelayTrigger
 
+from .health import CATCHING_UP, RECORDING_MISSED
 from .observe import Observer
 from .planner import Tick, catch_up_plan, resync_plan, ticks_from
 from .recorder import Recorder
@@ -54,7 +55,7 @@ class Recovery:
         backlog runs one after another); records the others."""
         runs: list[Tick] = []
         lasts = await self._backend.last_ticks(names)
-        self._recorder.health.answered()
+        self._recorder.health.answered(CATCHING_UP)
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
             if last is None and since:
@@ -105,11 +106,12 @@ class Recovery:
             try:
                 await self.record_missed(missed, set(), why)
             except Exception as exc:
-                self._recorder.lock_error(missed, exc, "recording ticks missed")
+                self._recorder.lock_error(missed, exc, RECORDING_MISSED)
                 self._retries.unhandle(missed + runs, now)
                 return []
-        # Said once the backend has answered: until then each retry would say it again.
-        if (runs or missed) and self._recorder.health.available:
+        # Said once the backend has answered (the misses are recorded): until then each
+        # retry would say it again.
+        if missed:
             self._observer.log(
                 _INFO, "resync",
                 f"ticks that fell due while the backend was unavailable: {len(runs)} to run, "
