@@ -8,6 +8,7 @@ second, and "backend reachable again" while the database was still down."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import uuid
@@ -104,5 +105,9 @@ def test_a_database_outage_is_one_warning_and_one_info_once_it_answers(
     assert "cannot connect to PostgreSQL" in went["message"], went
     assert "\n" not in went["message"]
     assert at(came) >= back, "said to be back before pgbouncer was"
+    # How long it was away, as said: from the first failure to the first answer after it.
+    away = re.search(r"after ([0-9.]+) s$", came["message"])
+    assert away is not None, came
+    assert OUTAGE_S - 1 < float(away[1]) < back - killed + 3, (came, back - killed)
     assert loud == [went], loud
     assert [r for r in said if "traceback" in r] == []

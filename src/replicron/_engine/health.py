@@ -69,6 +69,9 @@ class BackendHealth:
         #: last failed (one not tried for a while is no longer tried: it holds nothing up).
         self._failing: dict[str, datetime] = {}
         self._reminded_at: datetime | None = None
+        #: The first answer since the last failure: when the outage ended, as far as is known
+        #: (the other kinds of call that failed may be tried again only seconds later).
+        self._answered_at: datetime | None = None
         self._reason = ""
         #: The unexpected errors logged with their traceback since the backend last answered.
         self._told: set[tuple[type[BaseException], str]] = set()
@@ -80,6 +83,7 @@ class BackendHealth:
             self._observer.log(logging.DEBUG, "lock_error", f"{doing}: {_reason(exc)}")
             return
         now = self._now()
+        self._answered_at = None
         if retried:
             self._failing[doing] = now
         self._reason = f"{doing}: {_reason(exc)}"
@@ -114,11 +118,13 @@ class BackendHealth:
         if self._down_since is None:
             return
         now = self._now()
+        if self._answered_at is None:
+            self._answered_at = now
         if any(now - failed < REMIND_EVERY for failed in self._failing.values()):
             return
         self._failing.clear()
-        down_for = now - self._down_since
-        self._down_since = self._reminded_at = None
+        down_for = self._answered_at - self._down_since
+        self._down_since = self._reminded_at = self._answered_at = None
         self._told.clear()
         self._observer.log(
             _INFO, "backend_available", f"backend available again after {_since(down_for)}"
