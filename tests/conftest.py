@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests._harness.daemons import Daemons
-from tests._harness.reporting import FAILURE_SECTIONS, report_on_failure
+from tests._harness.daemons import Daemons, daemons_of_test
+from tests._harness.reporting import FAILURE_SECTIONS
 from tests.helpers import summary_recorder
 
 TESTS = Path(__file__).resolve().parent
@@ -114,9 +114,5 @@ def daemons(
     request: pytest.FixtureRequest, tmp_path: Path, daemon_host: type[Daemons]
 ) -> Iterator[Daemons]:
     """Daemon processes of the test, their logs attached to its report if it fails."""
-    host = daemon_host(tmp_path)
-    report_on_failure(request, "daemon logs", host.logs)
-    try:
+    with daemons_of_test(request, daemon_host(tmp_path)) as host:
         yield host
-    finally:
-        host.close()

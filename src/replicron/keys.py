@@ -1,4 +1,4 @@
-"""Job identity: name validation and the advisory-lock key derived from a name."""
+"""Job and replica identity: names validated, and the advisory-lock key derived from a name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import functools
 import unicodedata
 from collections.abc import Callable
 
-from .errors import ArgumentTypeError, InvalidJobNameError, LockKeyCollisionError
+from .errors import (
+    ArgumentTypeError,
+    ConfigurationError,
+    InvalidJobNameError,
+    InvalidJobOptionError,
+    LockKeyCollisionError,
+)
 
 __all__ = ["MAX_JOB_NAME_LENGTH", "LockKeyRegistry", "check_job_name", "job_lock_key"]
 
@@ -52,9 +58,37 @@ def check_job_name(name: object) -> str:
             f"job name {name[:40]!r}... is {len(name)} characters, "
             f"longer than {MAX_JOB_NAME_LENGTH}"
         )
-    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+    if _has_control_characters(name):
         raise InvalidJobNameError(f"job name {name!r} contains control characters")
     return name
+
+
+def check_namespace(namespace: object) -> str:
+    """Return ``namespace`` (``""`` for none) if the database can store it and a log line
+    can show it, else raise :class:`ConfigurationError` saying why."""
+    return _identity(namespace, "namespace", ConfigurationError, may_be_empty=True)
+
+
+def check_replica_id(replica_id: object) -> str:
+    """Return ``replica_id`` if it can name a replica in the ledger and the logs, else raise
+    :class:`InvalidJobOptionError` saying why."""
+    return _identity(replica_id, "replica_id", InvalidJobOptionError, may_be_empty=False)
+
+
+def _identity(
+    value: object, what: str, error: type[ConfigurationError], *, may_be_empty: bool
+) -> str:
+    if not isinstance(value, str) or not (may_be_empty or value.strip()):
+        kind = "a str" if may_be_empty else "a non-empty string"
+        raise error(f"{what} must be {kind}, not {value!r}")
+    if _has_control_characters(value):
+        raise error(f"{what} {value!r} contains control characters (a NUL byte, a newline...)")
+    return value
+
+
+def _has_control_characters(text: str) -> bool:
+    # NUL cannot be stored in a PostgreSQL text column; a newline would forge a log line.
+    return any(unicodedata.category(char) in ("Cc", "Cs") for char in text)
 
 
 class LockKeyRegistry:

@@ -26,6 +26,7 @@ from .cluster import ClusterStatus
 from .errors import InvalidJobOptionError, SchedulerClosedError
 from .events import Listener
 from .jobs import Job
+from .keys import check_replica_id
 from .triggers import Trigger
 
 __all__ = ["AsyncScheduler", "Scheduler"]
@@ -108,10 +109,8 @@ class _JobsAPI:
             raise InvalidJobOptionError(
                 f"clock must be a replicron Clock (SystemClock(), FakeClock(), ...), not {clock!r}"
             )
-        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id.strip()):
-            raise InvalidJobOptionError(
-                f"replica_id must be a non-empty string, not {replica_id!r}"
-            )
+        if replica_id is not None:
+            check_replica_id(replica_id)
         for listener in listeners:
             _check_listener(listener)
         self._engine = Engine(

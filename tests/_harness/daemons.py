@@ -4,14 +4,19 @@ with the environment's REPLICRON_* settings left out (they would override the co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+import pytest
 
 from tests._harness.processes import Child, Processes, Wrap, clean_env
+from tests._harness.reporting import report_on_failure
 
-__all__ = ["Daemons", "config_text", "toml"]
+__all__ = ["Daemons", "config_text", "daemons_of_test", "toml"]
 
 
 def toml(value: object) -> str:
@@ -61,3 +66,17 @@ class Daemons(Processes):
         wait for it to be ready."""
         command = [sys.executable, "-m", "replicron", "run", str(self.write_config(name, config))]
         return self.spawn(name, command, wrap=wrap, env=clean_env(), cwd=self.workdir, where=where)
+
+
+D = TypeVar("D", bound=Daemons)
+
+
+@contextlib.contextmanager
+def daemons_of_test(request: pytest.FixtureRequest, host: D) -> Iterator[D]:
+    """``host``'s daemons for one test: their logs in its report if it fails, every one
+    still running stopped at the end."""
+    report_on_failure(request, "daemon logs", host.logs)
+    try:
+        yield host
+    finally:
+        host.close()

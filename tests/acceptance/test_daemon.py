@@ -728,3 +728,37 @@ def test_a_run_ends_when_its_program_exits_and_takes_its_background_children(
     poll_until("the background sleep to be killed", lambda: process_start(pid) is None or None, 10)
     stop_cleanly(daemon)
     summary(f"a background child holding the output: the run took {took:.3f} s, the child killed")
+
+
+def _signal_bits(line: str, field: str) -> int:
+    """The mask a ``/proc/<pid>/status`` line (as the daemon logged it) gives ``field``."""
+    found = re.search(rf"{field}:\W*([0-9a-f]{{16}})$", line)
+    assert found is not None, line
+    return int(found[1], 16)
+
+
+def test_a_command_starts_with_default_signal_handling_whatever_the_daemon_inherited(
+    daemons: Daemons, summary: Summary
+) -> None:
+    """Started from a script with ``&``, a daemon inherits SIGINT and SIGQUIT ignored (and
+    a supervisor may leave signals blocked); an exec keeps both. Its commands must not."""
+    state_dir = daemons.workdir / "state"
+    spec = {
+        "name": "signals", "every": "1s", "max_runs": 1,
+        "command": ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"],
+    }  # fmt: skip
+    as_if_in_the_background = ["sh", "-c", 'trap "" INT QUIT; exec "$@"', "sh"]
+    daemon = daemons.start(
+        "background", config_text({"state_dir": str(state_dir)}, [spec]),
+        wrap=lambda argv: as_if_in_the_background + argv,
+    )  # fmt: skip
+    [ignored] = daemon.wait_log("stdout| SigIgn:", 20)
+    [blocked] = daemon.wait_log("stdout| SigBlk:", 20)
+    with open(f"/proc/{daemon.pid}/status") as status:
+        daemon_ignores = next(line for line in status if line.startswith("SigIgn:")).strip()
+    quit_bit = 1 << (signal.SIGQUIT - 1)
+    assert _signal_bits(daemon_ignores, "SigIgn") & quit_bit, "the daemon did not inherit it"
+    assert (_signal_bits(ignored, "SigIgn"), _signal_bits(blocked, "SigBlk")) == (0, 0)
+    stop_cleanly(daemon)
+    summary(f"daemon started with SIGINT and SIGQUIT ignored ({daemon_ignores}): its command "
+            "ignores and blocks nothing")  # fmt: skip

@@ -64,6 +64,9 @@ class Store(Protocol):
     def recorded(self, job: str) -> dict[datetime, Recorded]:
         """Tick -> recorded outcome, for every tick of ``job`` with an outcome."""
 
+    def started(self, job: str) -> set[datetime]:
+        """The ticks of ``job`` whose row says when their run started."""
+
 
 class MemoryStore:
     def __init__(self) -> None:
@@ -77,6 +80,9 @@ class MemoryStore:
             r.scheduled_at: Recorded(r.outcome.value, r.replica_id, r.error, r.manual)
             for r in self.state.history(job)
         }
+
+    def started(self, job: str) -> set[datetime]:
+        return {r.scheduled_at for r in self.state.history(job) if r.started_at is not None}
 
 
 class PostgresStore:
@@ -105,6 +111,14 @@ class PostgresStore:
             for tick, outcome, replica, error, manual in rows
         }
 
+    def started(self, job: str) -> set[datetime]:
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                "SELECT scheduled_at FROM replicron_runs WHERE job = %s AND started_at IS NOT NULL",
+                [job],
+            ).fetchall()
+        return {tick for (tick,) in rows}
+
 
 class EmbeddedStore:
     #: As for PostgreSQL: the janitor runs at open (finding nothing) and never again in a test.
@@ -117,20 +131,31 @@ class EmbeddedStore:
         return EmbeddedBackend(self.state_dir, janitor_interval=self.JANITOR_INTERVAL)
 
     def recorded(self, job: str) -> dict[datetime, Recorded]:
-        conn = sqlite3.connect(self.state_dir / LEDGER_NAME)
-        try:
-            rows = conn.execute(
-                "SELECT scheduled_at, outcome, replica_id, error, manual FROM replicron_runs"
-                " WHERE job = ? AND outcome IS NOT NULL",
-                [job],
-            ).fetchall()
-        finally:
-            conn.close()
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        rows = self._rows(
+            "SELECT scheduled_at, outcome, replica_id, error, manual FROM replicron_runs"
+            " WHERE job = ? AND outcome IS NOT NULL",
+            job,
+        )
         return {
-            epoch + timedelta(microseconds=tick): Recorded(outcome, replica, error, bool(manual))
+            _EPOCH + timedelta(microseconds=tick): Recorded(outcome, replica, error, bool(manual))
             for tick, outcome, replica, error, manual in rows
         }
+
+    def started(self, job: str) -> set[datetime]:
+        rows = self._rows(
+            "SELECT scheduled_at FROM replicron_runs WHERE job = ? AND started_at IS NOT NULL", job
+        )
+        return {_EPOCH + timedelta(microseconds=tick) for (tick,) in rows}
+
+    def _rows(self, query: str, job: str) -> list[Any]:
+        conn = sqlite3.connect(self.state_dir / LEDGER_NAME)
+        try:
+            return conn.execute(query, [job]).fetchall()
+        finally:
+            conn.close()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @contextmanager

@@ -276,6 +276,24 @@ def test_repeats_in_a_batch_are_found_by_instant(backends: Backends) -> None:
 # ---- the run lock -----------------------------------------------------------------------
 
 
+def test_a_tick_skipped_while_the_job_runs_elsewhere_never_started(backends: Backends) -> None:
+    async def main() -> None:
+        a, b = await backends.open(2)
+        first = await claim(a, "cleanup", 1, lock=True)
+        blocked = await claim(b, "cleanup", 2, lock=True)
+        assert blocked.status is LOCKED
+        # As the engine records it: no start time, since nothing ran.
+        skipped = RunRecord(
+            "cleanup", tick(2), Outcome.SKIPPED_OVERLAP, backends.replica_id(b), blocked.run_id,
+            None, tick(2), "running on another replica",
+        )  # fmt: skip
+        await release(b, skipped, unlock=False)
+        await release(a, record(backends, a, first), unlock=True)
+        assert backends.store.started("cleanup") == {tick(1)}
+
+    backends.run(main())
+
+
 def test_the_run_lock_keeps_everybody_out_until_released(backends: Backends) -> None:
     async def main() -> None:
         a, b, c = await backends.open(3)

@@ -40,6 +40,8 @@ def with_override(project: Project, *args: str, **override: object) -> tuple[int
         ({"scheduler": {"max_workers": 0}}, "settings.REPLICRON['scheduler']: max_workers"),
         ({"backend_options": {"heartbeat": 1}}, "settings.REPLICRON['backend_options']: "),
         ({"jobs": [{"func": "reports.jobs.nowhere"}]}, "['jobs'][0]['trigger']: a replicron"),
+        ({"namespace": "billing\n"}, "settings.REPLICRON['namespace']: 'billing\\n' contains"),
+        ({"namespace": "billing\x00"}, "settings.REPLICRON['namespace']: 'billing\\x00' contains"),
     ],
 )
 def test_a_bad_setting_names_its_key(project: Project, override: object, said: str) -> None:

@@ -122,6 +122,14 @@ class PgBouncer:
             proc.kill()
             proc.wait(10)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill ends it: every connection through it breaks
+        at once. :meth:`start` brings it back."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

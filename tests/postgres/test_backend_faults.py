@@ -11,12 +11,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -165,7 +167,8 @@ def test_an_outcome_that_cannot_be_written_is_kept_and_written_later(
                 await asyncio.sleep(0.05)
             assert outcome == "succeeded"
 
-    with caplog.at_level(logging.WARNING, "replicron"):
+    # At DEBUG: the scheduler says once that the database is unavailable.
+    with caplog.at_level(logging.DEBUG, "replicron"):
         asyncio.run(main())
     assert "outcomes wait to be written" in caplog.text
 
@@ -532,3 +535,22 @@ def test_a_tick_not_yet_due_by_the_database_is_not_written_off(dsn: str) -> None
             assert sql(dsn, "SELECT count(*) FROM replicron_runs") == [(1,)]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("coordination", ["advisory", "lease"])
+def test_a_connect_timeout_says_that_no_answer_came(coordination: Any) -> None:
+    """A server that accepts the TCP connection and never answers (a hung host, a stalled
+    proxy): the one line says so, rather than ending at "cannot connect to PostgreSQL: "."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the handshake; nobody ever answers
+        port = silent.getsockname()[1]
+        backend = PostgresBackend(
+            f"postgresql://postgres@127.0.0.1:{port}/db", connect_timeout=0.5,
+            coordination=coordination,
+        )  # fmt: skip
+        with pytest.raises(BackendUnavailableError) as caught:
+            asyncio.run(backend.open("r1"))
+    assert str(caught.value) == (
+        "cannot connect to PostgreSQL: no answer within 0.5 s (connect_timeout)"
+    )

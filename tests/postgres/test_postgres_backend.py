@@ -297,6 +297,27 @@ def test_a_lock_key_collision_is_refused_at_registration() -> None:
         backend.register_job("cleanup")
 
 
+@pytest.mark.parametrize(
+    ("namespace", "said"),
+    [
+        ("billing\x00/", r"namespace 'billing\x00/' contains control characters"),
+        ("billing\n", r"namespace 'billing\n' contains control characters"),
+    ],
+)
+@pytest.mark.parametrize("coordination", ["advisory", "lease"])
+def test_a_namespace_the_ledger_or_a_log_line_cannot_hold_is_refused_at_construction(
+    dsn: str, namespace: str, said: str, coordination: Any
+) -> None:
+    async def start() -> None:
+        backend = PostgresBackend(dsn, namespace=namespace, coordination=coordination)
+        await backend.open("r1")  # where a NUL failed before, with psycopg's DataError
+        await backend.close()
+
+    with pytest.raises(ConfigurationError) as caught:
+        asyncio.run(start())
+    assert str(caught.value).startswith(said)
+
+
 def test_distinct_names_and_repeated_names_register_on_the_real_keys() -> None:
     backend = PostgresBackend("postgresql://unused")
     for name in [*UNSIGNED_KEYS, "cleanup", "job-42", "a", "b"]:

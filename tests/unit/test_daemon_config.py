@@ -581,6 +581,16 @@ BAD = [
         id="job-not-an-array",
     ),
     pytest.param("job = [1]\n", "job #1 must be a table", id="job-not-a-table"),
+    pytest.param(
+        '[scheduler]\ndatabase_url = "postgresql://db/jobs"\nnamespace = "billing\\n"\n',
+        "[scheduler]: namespace: 'billing\\n' contains control characters",
+        id="namespace-with-a-newline",
+    ),
+    pytest.param(
+        '[scheduler]\nreplica_id = "web\\u001b[2J"\n',
+        "[scheduler]: replica_id: 'web\\x1b[2J' contains control characters",
+        id="replica-id-with-an-escape",
+    ),
 ]
 
 

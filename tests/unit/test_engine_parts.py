@@ -20,6 +20,7 @@ from replicron import (
     every,
 )
 from replicron._engine.background import Background
+from replicron._engine.health import BackendHealth
 from replicron._engine.lifecycle import Lifecycle
 from replicron._engine.observe import Observer
 from replicron._engine.planner import Tick
@@ -62,6 +63,7 @@ class Parts:
         self.recorder = Recorder(
             backend=self.backend, registry=self.registry, observer=self.observer,
             background=self.background, life=self.life, replica_id="r1",
+            health=BackendHealth(self.observer, self.clock.now),
         )  # fmt: skip
 
     def _woken(self) -> None:

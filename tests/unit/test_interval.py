@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -11,8 +12,10 @@ from replicron import (
     IntervalTrigger,
     InvalidIntervalError,
     InvalidJobNameError,
+    InvalidJobOptionError,
     NaiveDatetimeError,
     ReplicronError,
+    Scheduler,
     after,
     every,
     upcoming,
@@ -144,6 +147,48 @@ def test_bad_intervals_fail_at_construction(kwargs: dict[str, object], message: 
         every(**kwargs)  # type: ignore[arg-type]
     assert isinstance(info.value, ReplicronError)
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: after(seconds=-1), "interval must be positive, got -1s"),
+        (lambda: every(timedelta(minutes=-5)), "interval must be positive, got -5m"),
+        (lambda: every(hours=-1.5), "interval must be positive, got -1h30m"),
+        (lambda: every(days=-2, seconds=-0.5), "interval must be positive, got -2d500ms"),
+        (lambda: every(seconds=10, jitter=-2), "jitter must not be negative, got -2s"),
+        (
+            lambda: every(seconds=10, jitter=90),
+            "jitter 1m30s must be shorter than the interval 10s",
+        ),
+        (lambda: every(between=(-1, 5)), "between min must be positive, got -1s"),
+        (lambda: every(between=(10, 5.5)), "between min 10s must be less than max 5.5s"),
+    ],
+)
+def test_duration_messages_say_the_duration_as_given(
+    make: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(InvalidIntervalError) as info:
+        make()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"timeout": -1}, "job 'j': timeout must be positive, not -1s"),
+        (
+            {"misfire_grace": timedelta(minutes=-2)},
+            "job 'j': misfire_grace must be positive, not -2m",
+        ),
+    ],
+)
+def test_job_duration_options_say_the_duration_as_given(
+    option: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidJobOptionError) as info:
+        Scheduler().add_job(every(seconds=5), print, name="j", **option)  # type: ignore[arg-type]
+    assert str(info.value) == message
 
 
 def test_bad_positional_interval() -> None:

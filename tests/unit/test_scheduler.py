@@ -185,6 +185,8 @@ def test_registration_errors_name_the_job(scheduler: Scheduler) -> None:
         ({"clock": time}, "clock must be a replicron Clock"),
         ({"replica_id": 5}, "replica_id must be a non-empty string"),
         ({"replica_id": "  "}, "replica_id must be a non-empty string"),
+        ({"replica_id": "r\x001"}, r"replica_id 'r\\x001' contains control characters"),
+        ({"replica_id": "r\n1"}, r"replica_id 'r\\n1' contains control characters"),
     ],
 )
 def test_bad_scheduler_options(options: dict[str, Any], message: str) -> None:

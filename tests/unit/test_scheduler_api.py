@@ -245,6 +245,6 @@ def test_every_problem_of_a_job_is_raised_at_once_one_line_each() -> None:
         "job 'report': overlap must be one of skip, queue, allow, not 'sometimes'",
         "job 'report': catch_up must be one of latest, none, all, not 'never'",
         "job 'report': max_runs must be a whole number of at least 1, not 0",
-        "job 'report': timeout must be positive, not -1",
+        "job 'report': timeout must be positive, not -1s",
     ]
     assert scheduler.jobs() == []

@@ -38,6 +38,7 @@ from replicron.cluster import (
 )
 from replicron.errors import JobNotFoundError
 
+from .health import BackendHealth
 from .observe import Observer
 from .planner import Tick
 from .registry import JobRegistry, JobState
@@ -61,6 +62,9 @@ REQUESTS_EVERY = 2.0
 #: Seconds the last write may take at shutdown.
 LAST_WRITE = 2.0
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+", re.I)
+#: What the watch does with the backend, as told to its health.
+_WRITING = "writing this replica's jobs to the registry"
+_READING_REQUESTS, _READING_STATUS = "reading the manual runs asked for", "reading the status"
 
 StatusCallback = Callable[[ClusterStatus | None], None]
 
@@ -101,9 +105,11 @@ def _runs_left(state: JobState) -> int:
 
 
 class ClusterWatch:
-    def __init__(self, backend: object, registry: JobRegistry, observer: Observer) -> None:
+    def __init__(
+        self, backend: object, registry: JobRegistry, observer: Observer, health: BackendHealth
+    ) -> None:
         self._backend = backend if isinstance(backend, ClusterRegistry) else None
-        self._registry, self._observer = registry, observer
+        self._registry, self._observer, self._health = registry, observer, health
         self._written: dict[str, JobDefinition] = {}
         self._fingerprints: dict[str, tuple[JobSpec, str]] = {}
         self._removed: set[str] = set()
@@ -130,7 +136,7 @@ class ClusterWatch:
         try:
             await self._announce(force=True)
         except Exception as exc:  # the scheduler runs without it; the loop tries again
-            self._failed("could not write this replica's jobs to the registry", exc)
+            self._failed(exc)
         self._task = self._loop.create_task(self._run(), name="replicron-cluster-watch")
         if self._requests is not None:
             self._requests_task = self._loop.create_task(
@@ -153,7 +159,7 @@ class ClusterWatch:
         try:
             await asyncio.wait_for(self._announce(force=False), LAST_WRITE)
         except Exception as exc:
-            self._failed("could not write this replica's jobs to the registry", exc)
+            self._failed(exc)
 
     def job_changed(self, hook: str, name: str) -> None:
         """A job was added, updated or removed (on the loop)."""
@@ -192,7 +198,7 @@ class ClusterWatch:
                 rewrite = False
             except Exception as exc:
                 rewrite = True
-                self._failed("could not write this replica's jobs to the registry", exc)
+                self._failed(exc)
             if self._watchers:
                 await self._read()
 
@@ -205,8 +211,10 @@ class ClusterWatch:
             jobs = [state.spec.name for state in registry.states()]
             try:
                 pending = await backend.run_requests(jobs) if jobs else []
+                if jobs:
+                    self._health.answered(_READING_REQUESTS)
             except Exception as exc:
-                self._failed("could not read the manual runs asked for", exc)
+                self._health.failed(exc, _READING_REQUESTS)
                 pending = list(handed)  # nothing is known done
             registry.requests_done(handed.pop(done) for done in handed.keys() - set(pending))
             new = [request for request in pending if request not in handed]
@@ -249,6 +257,7 @@ class ClusterWatch:
         if complete:  # every row: last_seen says it is current, and no row of another is left
             changed = list(current.values())
         drift = await self._backend.announce(changed, removed, complete)
+        self._health.answered(_WRITING)
         self._written = current
         self._removed -= set(removed)
         self._written_at = time.monotonic()
@@ -299,13 +308,15 @@ class ClusterWatch:
         try:
             status = await self._backend.cluster_status()
         except Exception as exc:
-            self._failed("could not read the cluster's status", exc)
+            self._health.failed(exc, _READING_STATUS)
             status = None
+        else:
+            self._health.answered(_READING_STATUS)
         for callback in [cb for cb, _ in self._watchers.values()]:
             try:
                 callback(status)
             except Exception:
                 self._observer.logger.exception("a cluster status watcher failed")
 
-    def _failed(self, what: str, exc: Exception) -> None:
-        self._observer.log(_WARNING, "lock_error", f"{what}: {exc}")
+    def _failed(self, exc: Exception) -> None:
+        self._health.failed(exc, _WRITING)

@@ -23,6 +23,7 @@ from replicron.clock import Clock
 from replicron.events import Outcome, RunEvent
 
 from .capacity import Spreader, claim_margin
+from .health import CLAIMING, CLAIMING_MANUAL
 from .leadership import Leadership
 from .observe import Observer
 from .planner import Tick, overlap_action
@@ -216,6 +217,7 @@ class Dispatcher:
         lost.clear()
         sent = time.monotonic()
         claims = await self._backend.claim(requests)
+        self._recorder.health.answered(CLAIMING_MANUAL if manual else CLAIMING)
         self._claim_times.append(time.monotonic() - sent)
         if self._ahead_limit:
             await self._until(max(tick.scheduled_at for tick in ticks))

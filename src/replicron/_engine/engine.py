@@ -9,7 +9,8 @@ each owning its own state:
 * :class:`~.runs.RunExecutor`: the runs under way, the worker threads, timeouts;
 * :class:`~.recorder.Recorder`: outcomes logged, told to listeners and written in batches;
 * :class:`~.recovery.Recovery`: ticks missed while down or while the backend was unreachable;
-* :class:`~.retries.Retries`: when to try the backend again.
+* :class:`~.retries.Retries`: when to try the backend again;
+* :class:`~.health.BackendHealth`: whether the backend answers, the one voice saying so.
 
 The engine itself owns the life cycle and the loop that ties them together.
 """
@@ -33,6 +34,7 @@ from .background import Background
 from .chain_reads import ChainReads
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
+from .health import CATCHING_UP, CLAIMING, CLAIMING_MANUAL, RECORDING_MISSED, BackendHealth
 from .leadership import Leadership
 from .lifecycle import Lifecycle
 from .membership import Membership, held_by_staying
@@ -90,13 +92,17 @@ class Engine:
         self.life = Lifecycle()
         self._background = Background(self._quiet_may_have_changed)
         self.observer = Observer(logger, replica_id, listeners, self._background.spawn)
+        self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
+        # A backend that refuses to coordinate said why itself: its refusals are no outage.
+        refusal = (lambda: None) if shared is None else (lambda: shared.refusal)
+        self.health = health = BackendHealth(self.observer, clock.now, refusal)
         self.registry = JobRegistry(
             clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke,
             changed=self._job_changed, replica_id=replica_id,
         )  # fmt: skip
         self._recorder = Recorder(
             backend=backend, registry=self.registry, observer=self.observer,
-            background=self._background, life=self.life, replica_id=replica_id,
+            background=self._background, life=self.life, replica_id=replica_id, health=health,
         )  # fmt: skip
         self._runs = RunExecutor(
             clock=clock, replica_id=replica_id, registry=self.registry, recorder=self._recorder,
@@ -105,7 +111,6 @@ class Engine:
             lease_end=backend.lease_end if isinstance(backend, LeasedRuns) else None,
         )  # fmt: skip
         self._retries = Retries()
-        self._shared = shared = backend if isinstance(backend, SharedCoordination) else None
         self.leadership = Leadership(backend, self.registry, self.observer, self._poke)
         self._dispatcher = Dispatcher(
             backend=backend, clock=clock, registry=self.registry, runs=self._runs,
@@ -121,9 +126,9 @@ class Engine:
         self._recovery = Recovery(backend=backend, registry=self.registry,
                                   recorder=self._recorder, retries=self._retries,
                                   observer=self.observer)  # fmt: skip
-        self.cluster = ClusterWatch(backend, self.registry, self.observer)
-        self._chains = ChainReads(backend, self.registry, self.observer)
-        self._membership = Membership(shared, self.observer, self._background)
+        self.cluster = ClusterWatch(backend, self.registry, self.observer, health)
+        self._chains = ChainReads(backend, self.registry, health)
+        self._membership = Membership(shared, health, self._background)
         # The registry hears at once that a job expects no more ticks.
         self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -255,7 +260,8 @@ class Engine:
             if not staying else "left for a replica with a free worker thread; the replicas "
             "that stay joined after it was due, so none of them holds it"
         )  # fmt: skip
-        if await self._guarded(self._recovery.record_missed(left, {}, why), left) is _FAILED:
+        missed = self._recovery.record_missed(left, {}, why)
+        if await self._guarded(missed, left, RECORDING_MISSED) is _FAILED:
             self._retries.unhandle(left, self.clock.now())
 
     # ---- the loop ----------------------------------------------------------------------
@@ -285,7 +291,9 @@ class Engine:
         # handled again once the backend answers: no tick is dropped with a failed statement.
         retries.new_step()
         if catch_up:
-            found = await self._guarded(self._recovery.catch_up(catch_up, now, since), [])
+            found = await self._guarded(
+                self._recovery.catch_up(catch_up, now, since), [], CATCHING_UP
+            )
             if isinstance(found, _Failed):
                 self.registry.catch_up_later(catch_up)
                 retries.retry_backend(now)
@@ -298,23 +306,23 @@ class Engine:
         if due:
             if immediate:
                 due = list(dict.fromkeys(due))  # a tick both resynced and due: claimed once
-            if await self._guarded(self._dispatcher.dispatch(due), due) is _FAILED:
+            if await self._guarded(self._dispatcher.dispatch(due), due, CLAIMING) is _FAILED:
                 retries.unhandle(due, now)
         if manual:
             claimed = self._dispatcher.dispatch(manual, manual=True)
-            if await self._guarded(claimed, manual) is _FAILED:
+            if await self._guarded(claimed, manual, CLAIMING_MANUAL) is _FAILED:
                 self.registry.manual_again(manual)
                 retries.retry_backend(now)
         if decision.missed or decision.older_missed:
             older = decision.older_missed
             missed = self._recovery.record_missed(decision.missed, older, "a later tick was due")
-            if await self._guarded(missed, decision.missed) is _FAILED:
+            if await self._guarded(missed, decision.missed, RECORDING_MISSED) is _FAILED:
                 spans = [Tick(job, span.first) for job, span in older.items()]
                 retries.unhandle(spans + decision.missed, now)
         if replaced:
             why = "a later tick was due before any replica had a free worker thread for it"
             missed = self._recovery.record_missed(replaced, {}, why)
-            if await self._guarded(missed, replaced) is _FAILED:
+            if await self._guarded(missed, replaced, RECORDING_MISSED) is _FAILED:
                 retries.unhandle(replaced, now)
         self._stepping = []
         self._runs.expire(self.clock.now())
@@ -334,13 +342,13 @@ class Engine:
         if self._dispatcher.worth_claiming_more() and self.life.running:
             self._poke()
 
-    async def _guarded(self, step: Awaitable[_T], ticks: list[Tick]) -> _T | _Failed:
-        """``step``'s result, or ``_FAILED`` if the backend failed it (logged, and told to
-        the listeners as a lock error for ``ticks``)."""
+    async def _guarded(self, step: Awaitable[_T], ticks: list[Tick], doing: str) -> _T | _Failed:
+        """``step``'s result, or ``_FAILED`` if the backend failed it while ``doing`` it
+        (said by the health, and told to the listeners as a lock error for ``ticks``)."""
         try:
             return await step
         except Exception as exc:
-            self._recorder.lock_error(ticks, exc)
+            self._recorder.lock_error(ticks, exc, doing)
             return _FAILED
 
     def _prepare_soon(self, wake_at: datetime | None) -> None:

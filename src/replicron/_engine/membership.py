@@ -4,14 +4,13 @@ leaves behind the replicas that stay hold too."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from replicron.backends.base import SharedCoordination
 
 from .background import Background
-from .observe import Observer
+from .health import BackendHealth
 from .planner import Tick
 
 __all__ = ["Membership", "held_by_staying"]
@@ -38,10 +37,10 @@ class Membership:
     nothing where the backend is not shared."""
 
     def __init__(
-        self, shared: SharedCoordination | None, observer: Observer, background: Background
+        self, shared: SharedCoordination | None, health: BackendHealth, background: Background
     ) -> None:
         self._shared = shared
-        self._observer = observer
+        self._health = health
         self._background = background
 
     async def join(self, since: datetime) -> None:
@@ -52,7 +51,9 @@ class Membership:
         try:
             await self._shared.join(since)
         except Exception as exc:  # it still plans: only a hand-over is judged less well
-            self._failed(exc)
+            self._health.failed(exc, "telling the others this replica joined", retried=False)
+            return
+        self._health.answered("telling the others this replica joined")
 
     async def leave(self, limit: float) -> Mapping[str, datetime] | None:
         """Claiming is over: the other replicas are told at once (they stop leaving this one
@@ -70,10 +71,9 @@ class Membership:
 
     async def _told(self, shared: SharedCoordination) -> Mapping[str, datetime] | None:
         try:
-            return await shared.leave()
+            staying = await shared.leave()
         except Exception as exc:  # unreachable, say: as if nobody knew who stays
-            self._failed(exc)
+            self._health.failed(exc, "telling the others this replica leaves", retried=False)
             return None
-
-    def _failed(self, exc: Exception) -> None:
-        self._observer.log(logging.WARNING, "lock_error", f"could not tell the others: {exc!r}")
+        self._health.answered("telling the others this replica leaves")
+        return staying

@@ -11,6 +11,7 @@ from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_rec
 from replicron.events import Outcome, RunEvent
 
 from .background import Background
+from .health import RECORDING_MISSED, BackendHealth, is_outage
 from .lifecycle import Lifecycle
 from .observe import Observer
 from .planner import Span, Tick
@@ -69,8 +70,11 @@ class Recorder:
         background: Background,
         life: Lifecycle,
         replica_id: str,
+        health: BackendHealth,
     ) -> None:
         self._backend, self._registry, self._observer = backend, registry, observer
+        #: Whether the backend answers: told of every call here that reaches a verdict.
+        self.health = health
         self._background, self._life, self.replica_id = background, life, replica_id
         self._releases: list[Release] = []
         self._released_states: list[JobState | None] = []
@@ -158,12 +162,16 @@ class Recorder:
             states, self._released_states = self._released_states, []
             written, self._written = self._written, []
             try:
+                # Returning proves nothing: a backend may keep outcomes to write them later.
                 await self._backend.release(batch)
             except Exception as exc:
+                self.health.failed(exc, "recording outcomes", retried=False)
+                # The backend's outage is said once; which outcomes it lost, each time.
+                trace = None if is_outage(exc) else exc
                 for record, _ in batch:
                     self._observer.log(
                         _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
-                        record.job, record.scheduled_at, record.run_id, exc,
+                        record.job, record.scheduled_at, record.run_id, trace,
                     )  # fmt: skip
             for call in written:
                 call()
@@ -187,6 +195,7 @@ class Recorder:
                 record = RunRecord(job, span.first, missed, replica, None, None, now, why)
                 spans.append(record._replace(through=span.last, ticks=span.ticks))
             answers = await self._backend.record_unclaimed(spans)
+            self.health.answered(RECORDING_MISSED)
             for record, ours in zip(spans, answers, strict=True):
                 if ours:
                     recorded.setdefault(record.job, []).append(record)
@@ -209,6 +218,7 @@ class Recorder:
         early: list[Tick] = []
         if records:
             answers = await self._backend.record_unclaimed(records)
+            self.health.answered(RECORDING_MISSED)
             for record, ours in zip(records, answers, strict=True):
                 if ours:
                     recorded.setdefault(record.job, []).append(record)
@@ -242,8 +252,10 @@ class Recorder:
             for record in records:
                 self._observer.notify("on_missed", event_of(record, None, why))
 
-    def lock_error(self, ticks: list[Tick], exc: Exception) -> None:
-        self._observer.log(_ERROR, "lock_error", f"backend failed: {exc!r}", exc_info=exc)
+    def lock_error(self, ticks: list[Tick], exc: Exception, doing: str) -> None:
+        """The backend failed while ``doing`` something with ``ticks``: said by the health
+        (once for an outage), told to the listeners for each tick."""
+        self.health.failed(exc, doing)
         if self._observer.listeners:
             for tick in ticks:
                 event = RunEvent(tick.job, tick.scheduled_at, self.replica_id, error=exc)

@@ -12,6 +12,7 @@ from datetime import datetime
 from replicron.backends.base import Backend
 from replicron.triggers import FixedDelayTrigger
 
+from .health import CATCHING_UP, RECORDING_MISSED
 from .observe import Observer
 from .planner import Span, Tick, catch_up_plan, resync_plan, walk
 from .recorder import Recorder
@@ -20,7 +21,7 @@ from .retries import Retries
 
 __all__ = ["Recovery"]
 
-_WARNING, _ERROR = logging.WARNING, logging.ERROR
+_INFO, _ERROR = logging.INFO, logging.ERROR
 
 
 class Recovery:
@@ -57,6 +58,7 @@ class Recovery:
         missed: list[Tick] = []
         older: dict[str, Span] = {}
         lasts = await self._backend.last_ticks(names)
+        self._recorder.health.answered(CATCHING_UP)
         for name in names:
             state, last = self._registry.get(name), lasts.get(name)
             if last is None and since:
@@ -110,16 +112,18 @@ class Recovery:
             try:
                 await self.record_missed(missed, older, why)
             except Exception as exc:
-                self._recorder.lock_error(missed, exc)
+                self._recorder.lock_error(missed, exc, RECORDING_MISSED)
                 spans = [Tick(name, span.first) for name, span in older.items()]
                 self._retries.unhandle(spans + missed + runs, now)
                 return []
-        if runs or missed or older:
+        # Said once the backend has answered (the misses are recorded): until then each
+        # retry would say it again.
+        if missed or older:
             count = len(missed) + sum(span.ticks for span in older.values())
             self._observer.log(
-                _WARNING, "resync",
-                f"backend reachable again: {len(runs)} ticks to run, {count} recorded "
-                "missed (by each job's catch_up and misfire_grace)",
+                _INFO, "resync",
+                f"ticks that fell due while the backend was unavailable: {len(runs)} to run, "
+                f"{count} recorded missed (by each job's catch_up and misfire_grace)",
             )  # fmt: skip
         return runs
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, tzinfo
 from typing import Any, TypeVar
 
-from replicron._schedule.durations import as_duration
+from replicron._schedule.durations import as_duration, duration_text
 from replicron.errors import (
     InvalidJobArgumentsError,
     InvalidJobNameError,
@@ -265,5 +265,7 @@ def _duration(
         return None
     delta = as_duration(value, f"job {job!r}: {label}", InvalidJobOptionError)
     if delta < timedelta(0) or (delta == timedelta(0) and not allow_zero):
-        raise InvalidJobOptionError(f"job {job!r}: {label} must be positive, not {value!r}")
+        raise InvalidJobOptionError(
+            f"job {job!r}: {label} must be positive, not {duration_text(delta)}"
+        )
     return delta

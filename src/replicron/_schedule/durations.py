@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from replicron.errors import ReplicronError
 
-__all__ = ["as_duration"]
+__all__ = ["as_duration", "duration_text"]
 
 
 def as_duration(value: object, what: str, error: type[ReplicronError]) -> timedelta:
@@ -24,3 +24,25 @@ def as_duration(value: object, what: str, error: type[ReplicronError]) -> timede
         return timedelta(seconds=value)
     except OverflowError:
         raise error(f"{what} of {value!r} seconds is longer than a timedelta can hold") from None
+
+
+_UNITS = (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000))
+
+
+def duration_text(delta: timedelta) -> str:
+    """``delta`` as a daemon config writes a duration, its sign in front: ``1m30s``,
+    ``500ms``, ``1d2h``, ``12.5s``, ``-1s`` (``str(timedelta)`` writes minus one second as
+    ``-1 day, 23:59:59``). Every replicron surface shows durations so: a user reads back what
+    they would write."""
+    sign = "-" if delta < timedelta(0) else ""
+    left = abs(delta) // timedelta(microseconds=1)
+    parts = []
+    for unit, size in _UNITS:
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if left and left < 1_000_000 and left % 1000 == 0:
+        parts.append(f"{left // 1000}ms")
+    elif left:
+        parts.append(f"{left / 1_000_000:.6f}".rstrip("0").rstrip(".") + "s")
+    return sign + ("".join(parts) or "0s")

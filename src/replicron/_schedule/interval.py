@@ -16,7 +16,7 @@ from typing import Any
 
 from replicron.errors import InvalidIntervalError
 
-from .durations import as_duration
+from .durations import as_duration, duration_text
 from .tz import EPOCH, MICROSECOND, from_micros, to_micros
 
 __all__ = ["IntervalRule", "duration_text", "make_interval_rule", "random_fraction"]
@@ -100,20 +100,6 @@ class IntervalRule:
         return text
 
 
-def duration_text(delta: timedelta) -> str:
-    """``delta`` as a daemon config writes a duration: ``90s`` is ``1m30s``, ``500ms``,
-    ``1d2h``; a part of a millisecond in seconds (``0.0005s``)."""
-    micros = delta // timedelta(microseconds=1)
-    if micros % 1000:
-        return f"{delta.total_seconds():g}s"
-    left, parts = micros // 1000, []
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-        count, left = divmod(left, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or "0s"
-
-
 def _text(delta: timedelta) -> str:
     return f"timedelta(seconds={delta.total_seconds():g})"
 
@@ -160,17 +146,22 @@ def make_interval_rule(
     if interval is None:
         raise InvalidIntervalError("every() needs an interval, e.g. every(minutes=5)")
     if interval <= timedelta(0):
-        raise InvalidIntervalError(f"interval must be positive, got {interval}")
+        raise InvalidIntervalError(f"interval must be positive, got {duration_text(interval)}")
     if interval < MICROSECOND:
-        raise InvalidIntervalError(f"interval {interval} is shorter than a microsecond")
+        raise InvalidIntervalError(
+            f"interval {duration_text(interval)} is shorter than a microsecond"
+        )
     jitter_delta = None
     if jitter is not None:
         jitter_delta = _duration(jitter, "jitter")
         if jitter_delta < timedelta(0):
-            raise InvalidIntervalError(f"jitter must not be negative, got {jitter_delta}")
+            raise InvalidIntervalError(
+                f"jitter must not be negative, got {duration_text(jitter_delta)}"
+            )
         if jitter_delta >= interval:
             raise InvalidIntervalError(
-                f"jitter {jitter_delta} must be shorter than the interval {interval}"
+                f"jitter {duration_text(jitter_delta)} must be shorter than the interval "
+                f"{duration_text(interval)}"
             )
     return IntervalRule(anchor, interval, jitter_delta or None, None, given)
 
@@ -182,7 +173,9 @@ def _bounds(between: Any) -> tuple[timedelta, timedelta]:
         raise InvalidIntervalError(f"between= must be a pair (min, max), not {between!r}") from None
     low, high = _duration(low_value, "between min"), _duration(high_value, "between max")
     if low <= timedelta(0):
-        raise InvalidIntervalError(f"between min must be positive, got {low}")
+        raise InvalidIntervalError(f"between min must be positive, got {duration_text(low)}")
     if low >= high:
-        raise InvalidIntervalError(f"between min {low} must be less than max {high}")
+        raise InvalidIntervalError(
+            f"between min {duration_text(low)} must be less than max {duration_text(high)}"
+        )
     return low, high

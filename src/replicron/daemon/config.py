@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from replicron.errors import ConfigurationError
-from replicron.keys import check_job_name
+from replicron.keys import check_job_name, check_namespace, check_replica_id
 
 from ._notify_config import NotifyConfig, check_alerted_jobs, read_notify, read_ping_url
 from ._values import (
@@ -325,6 +325,12 @@ class _Reader:
             )
         if key in ("replica_id", "timezone", "state_dir", "database_url") and not text.strip():
             raise ValueProblem("must not be empty")
+        identity = {"namespace": check_namespace, "replica_id": check_replica_id}.get(key)
+        if identity is not None:
+            try:
+                identity(text)
+            except ConfigurationError as exc:
+                raise ValueProblem(str(exc).removeprefix(f"{key} ")) from None
         return text
 
     # ---- [[job]] -----------------------------------------------------------------------

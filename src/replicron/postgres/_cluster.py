@@ -28,7 +28,7 @@ from replicron.errors import JobNotFoundError
 
 from ._bounds import BOUND_STATEMENT, bounded_rows, server_timeout
 from ._secrets import scrub
-from ._session import BackendUnavailableError
+from ._session import BackendUnavailableError, connect_failure
 from ._sql import queries
 from ._status import job_status, replica_status
 
@@ -104,7 +104,7 @@ class Database:
         except (psycopg.Error, TimeoutError, OSError) as exc:
             scrub(exc, self.conninfo)  # libpq may quote the connection string
             raise BackendUnavailableError(
-                f"cannot connect to PostgreSQL: {exc or type(exc).__name__}"
+                connect_failure("cannot connect to PostgreSQL", exc, self.connect_timeout)
             ) from exc
 
     async def rows(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -136,7 +136,9 @@ class Housekeeper:
                 if beats % JANITOR_EVERY == 1:
                     await self.janitor()
             except BackendUnavailableError as exc:
-                logger.warning("heartbeat failed: %s", exc, extra={"event": "lock_error"})
+                # The scheduler says the database is unavailable, once; what it costs the runs
+                # held here (their lease running out) is said when it happens.
+                logger.debug("heartbeat failed: %s", exc, extra={"event": "lock_error"})
             except Exception:
                 logger.exception("housekeeping failed", extra={"event": "lock_error"})
 
@@ -169,7 +171,7 @@ class Housekeeper:
                     leader_lease=self._leader_lease,
                 )  # fmt: skip
             except Exception as exc:  # the heartbeats try again
-                logger.warning("leader lease: %s", exc, extra={"event": "lock_error"})
+                logger.debug("leader lease: %s", exc, extra={"event": "lock_error"})
                 return
             self._led(sent, *(found[0][:2] if found else (None, 0)))
 

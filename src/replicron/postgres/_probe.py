@@ -25,7 +25,7 @@ import psycopg
 from replicron.errors import UntrustedAdvisoryLocksError
 
 from ._secrets import scrub
-from ._session import BackendUnavailableError, _CannotConnect
+from ._session import BackendUnavailableError, _CannotConnect, connect_failure
 from ._setting_names import PYTHON_NAMES
 from ._sql import queries
 
@@ -100,7 +100,7 @@ async def open_probe_session(conninfo: str, connect_timeout: float) -> PsycopgPr
     except (psycopg.Error, TimeoutError, OSError) as exc:
         scrub(exc, conninfo)  # libpq may quote the connection string
         raise _CannotConnect(
-            f"cannot open the advisory-lock probe: {exc or type(exc).__name__}"
+            connect_failure("cannot open the advisory-lock probe", exc, connect_timeout)
         ) from exc
     return PsycopgProbeSession(conn, connect_timeout)
 

@@ -32,7 +32,13 @@ from ._bounds import _rows, keepalive_params, server_settings
 from ._secrets import scrub
 from ._setting_names import PYTHON_NAMES, SettingNames
 
-__all__ = ["BackendUnavailableError", "LockSession", "RoundTrip", "TransactionPoolerError"]
+__all__ = [
+    "BackendUnavailableError",
+    "LockSession",
+    "RoundTrip",
+    "TransactionPoolerError",
+    "connect_failure",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,6 +66,16 @@ class _CannotConnect(BackendUnavailableError):
 class _RolledBack(BackendUnavailableError):
     """The server rolled the statement back (a deadlock with another replica's claim): the
     session is fine and the statement may run again."""
+
+
+def connect_failure(what: str, exc: BaseException, timeout: float) -> str:
+    """``what`` failed, and why: the error's text, or what its type means where it has none
+    (the connection's own deadline raises a bare ``TimeoutError``)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        reason = f"no answer within {timeout:g} s (connect_timeout)"
+    else:
+        reason = str(exc) or type(exc).__name__
+    return f"{what}: {reason}"
 
 
 class RoundTrip(NamedTuple):
@@ -190,7 +206,7 @@ class LockSession:
         except (psycopg.Error, TimeoutError, OSError) as exc:
             self.connect_failed_at = time.monotonic()
             scrub(exc, self.conninfo)  # libpq may quote the connection string
-            raise _CannotConnect(f"{what}: {exc or type(exc).__name__}") from exc
+            raise _CannotConnect(connect_failure(what, exc, self.connect_timeout)) from exc
         self.connect_failed_at = None
         return conn
 
@@ -320,7 +336,7 @@ class LockSession:
             if not retry or isinstance(exc, _CannotConnect):
                 raise
             if not isinstance(exc, _RolledBack):
-                logger.warning("lost the lock session; retrying once on a new one")
+                logger.debug("lost the lock session; retrying once on a new one")
             return await self._fetch_once(query, params)
 
     async def _fetch_once(self, query: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

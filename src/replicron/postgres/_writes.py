@@ -110,8 +110,8 @@ class OutcomeWrites:
             return
         try:
             await self._write_outcomes(releases)
-        except BackendUnavailableError as exc:
-            logger.warning(
+        except BackendUnavailableError as exc:  # kept: the scheduler says the database is gone
+            logger.debug(
                 "%d outcomes wait to be written (%s); retrying on a new session",
                 len(self._unwritten), exc, extra={"event": "lock_error",
                                                   "replica": self.replica_id},

@@ -37,7 +37,7 @@ from replicron.backends.base import (
 from replicron.backends.leadership import Leader
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.events import Outcome
-from replicron.keys import LockKeyRegistry, job_lock_key
+from replicron.keys import LockKeyRegistry, check_namespace, job_lock_key
 
 from ._advisory import refuse_pooler
 from ._claims import ClaimRow
@@ -128,7 +128,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         self.conninfo = conninfo_of(conninfo)
         #: Lease mode on the application's own pool: statements borrow its connections.
         self._pool = conninfo if isinstance(conninfo, AsyncConnectionPool) else None
-        self.namespace = namespace
+        self.namespace = check_namespace(namespace)
         self.migrate = migrate
         self.heartbeat_interval = heartbeat_interval
         self.stale_after = 3 * heartbeat_interval if stale_after is None else stale_after

@@ -20,6 +20,8 @@ from django.db import connections
 from replicron.backends.base import Backend
 from replicron.backends.embedded import EmbeddedBackend
 from replicron.backends.memory import MemoryBackend
+from replicron.errors import ConfigurationError
+from replicron.keys import check_namespace
 
 __all__ = ["ReplicronSettings", "conninfo_of_alias", "make_backend", "read_settings"]
 
@@ -85,6 +87,10 @@ def read_settings() -> ReplicronSettings:
     for key in ("namespace", "database"):
         if not isinstance(raw.get(key, ""), str):
             raise _problem(key, f"must be a string, not {raw[key]!r}")
+    try:
+        check_namespace(raw.get("namespace", ""))
+    except ConfigurationError as exc:
+        raise _problem("namespace", str(exc).removeprefix("namespace ")) from None
     jobs = raw.get("jobs", ())
     if not isinstance(jobs, list | tuple) or not all(isinstance(j, Mapping) for j in jobs):
         raise _problem("jobs", "must be a list of dicts (func, trigger and add_job's options)")

@@ -190,7 +190,9 @@ WITH ended AS MATERIALIZED (
 ), recorded AS (
     UPDATE replicron_runs run
     SET outcome = ended.outcome,
-        started_at = CASE WHEN ended.outcome = 'missed' THEN NULL  -- it never started
+        -- A tick missed or skipped never started (a claim that wanted the lock stamped one).
+        started_at = CASE WHEN ended.outcome IN ('missed', 'skipped_overlap', 'skipped_limit')
+                          THEN NULL
                           ELSE coalesce(ended.started_at, run.started_at) END,
         finished_at = coalesce(ended.finished_at, now()),
         error = ended.error,
