@@ -106,7 +106,7 @@ def test_a_database_outage_is_one_warning_and_one_info_once_it_answers(
     assert "\n" not in went["message"]
     assert at(came) >= back, "said to be back before pgbouncer was"
     # How long it was away, as said: from the first failure to the first answer after it.
-    away = re.search(r"after ([0-9.]+) s$", came["message"])
+    away = re.search(r"after ([0-9.]+)s$", came["message"])
     assert away is not None, came
     assert OUTAGE_S - 1 < float(away[1]) < back - killed + 3, (came, back - killed)
     assert loud == [went], loud
