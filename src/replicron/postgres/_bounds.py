@@ -78,9 +78,21 @@ async def bounded_rows(
         async with conn.transaction():
             await conn.execute(BOUND_STATEMENT.encode(), bound, prepare=False)
             return await _rows(conn, query, params)
-    async with conn.pipeline():  # in autocommit mode, one implicit transaction up to its sync
-        await conn.execute(BOUND_STATEMENT.encode(), bound, prepare=False)
-        cursor = await conn.execute(query.encode(), params, prepare=False)
+    # A failure inside the block is raised after it: leaving a pipeline on a lost connection
+    # fails again, and psycopg logs that second failure as a warning of its own.
+    failure: psycopg.Error | None = None
+    try:
+        async with conn.pipeline():  # in autocommit mode, one implicit transaction to its sync
+            try:
+                await conn.execute(BOUND_STATEMENT.encode(), bound, prepare=False)
+                cursor = await conn.execute(query.encode(), params, prepare=False)
+            except psycopg.Error as exc:
+                failure = exc
+    except psycopg.Error:
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure
     return await cursor.fetchall() if cursor.description else []
 
 
