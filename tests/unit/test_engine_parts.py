@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -84,7 +84,7 @@ def test_the_registry_plans_jobs_and_hands_out_what_is_due() -> None:
         START + timedelta(seconds=20),
     ]
     parts.clock.advance(timedelta(seconds=30))
-    decision, immediate, catch_up, manual = registry.take_due(parts.clock.now())
+    decision, catch_up, manual = registry.take_due(parts.clock.now())
     assert decision.due == [
         Tick("a", START + timedelta(seconds=30)),
         Tick("b", START + timedelta(seconds=30)),
@@ -92,7 +92,6 @@ def test_the_registry_plans_jobs_and_hands_out_what_is_due() -> None:
     assert [t.scheduled_at for t in decision.missed] == [
         START + timedelta(seconds=s) for s in (10, 20)
     ]
-    assert immediate == []
     assert catch_up == []
     assert manual == []
 
@@ -117,13 +116,12 @@ def test_run_now_and_catch_up_requests_go_to_the_next_step() -> None:
     registry.add_job(spec("b"))  # added while running: its missed ticks are looked up
     registry.run_now("a")
     registry.run_now("a")
-    _, immediate, catch_up, manual = registry.take_due(parts.clock.now())
-    assert immediate == []
+    _, catch_up, manual = registry.take_due(parts.clock.now())
     assert catch_up == ["b"]
     # START is a tick of "a" (every 10 s): its manual runs are recorded just off it, each at
     # an instant of its own.
     assert manual == [Tick("a", START + MICROSECOND), Tick("a", START + 2 * MICROSECOND)]
-    assert registry.take_due(parts.clock.now())[1:] == ([], [], [])
+    assert registry.take_due(parts.clock.now())[1:] == ([], [])
 
 
 def test_a_closed_registry_refuses_changes() -> None:
@@ -214,6 +212,10 @@ def test_a_failed_write_is_logged_and_what_waited_still_starts(
 # ---- recovery: ticks missed while down -------------------------------------------------
 
 
+async def no_backlog(backlogs: Mapping[str, list[datetime]]) -> None:
+    raise AssertionError(f'catch_up="latest" has no backlog: {backlogs}')
+
+
 def test_catch_up_runs_the_latest_missed_tick_and_records_the_rest() -> None:
     backend = MemoryBackend()
     parts = Parts(backend)
@@ -223,7 +225,7 @@ def test_catch_up_runs_the_latest_missed_tick_and_records_the_rest() -> None:
     last = RunRecord("a", START, Outcome.SUCCEEDED, "old", 1, START, START, None)
     recovery = Recovery(
         backend=backend, registry=parts.registry, recorder=parts.recorder,
-        retries=Retries(), observer=parts.observer,
+        retries=Retries(), observer=parts.observer, queue_backlogs=no_backlog,
     )  # fmt: skip
     parts.clock.advance(timedelta(seconds=55))
 

@@ -35,8 +35,8 @@ CLAIMED, TAKEN = ClaimStatus.CLAIMED, ClaimStatus.TAKEN
 
 
 def test_a_backlog_claimed_among_newer_ticks_is_kept_whole(backend: MemoryBackend) -> None:
-    # catch_up="all": old ticks 1, 2, ... run one by one while the job's regular ticks
-    # (1000, 1001, ...) come by and are claimed too, seven eighths of KEPT of them in all.
+    # Old ticks 1, 2, ... claimed among the job's regular ticks (1000, 1001, ...), seven
+    # eighths of KEPT of them in all.
     newer = KEPT - KEPT // 8
     assert claim(backend, tick(0)) == [CLAIMED]
     for k in range(1, newer + 1):

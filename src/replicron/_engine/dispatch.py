@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -37,8 +37,9 @@ __all__ = ["ConcurrencyMode", "Dispatcher", "TickAction"]
 _DEBUG, _INFO = logging.DEBUG, logging.INFO
 ConcurrencyMode = Literal["queue", "skip"]
 #: What the engine does with a claimed tick: the overlap policy's answer, or the limit's.
-#: "abandon": claimed ahead, and its lock or lease was lost before its instant.
-TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue", "abandon"]
+#: "abandon": claimed ahead, and its lock or lease was lost before its instant. "backlog": a
+#: tick of a catch-up backlog, claimed without the lock, that waits for its turn.
+TickAction = Literal["run", "skip", "queue", "limit_skip", "limit_queue", "abandon", "backlog"]
 _NO_LEAD = timedelta(0)
 #: The shortest lead when claiming ahead (seconds), and how many claims' times it follows.
 _MIN_LEAD, _CLAIMS_TIMED = 0.005, 16
@@ -247,6 +248,34 @@ class Dispatcher:
         finally:
             runs.release_collector_once_started()
 
+    async def queue_backlogs(self, backlogs: Mapping[str, Sequence[datetime]]) -> None:
+        """Catch-up backlogs (``catch_up="all"``): every tick of each job's backlog claimed
+        now, in one batch and without the job's lock, then run one after another, oldest
+        first, each taking the lock when its turn comes, as a queued tick does. From the
+        claim on each tick has its row, held (heartbeated) by this replica: a stop records
+        those not run missed (``drop_waiting``), and after a crash a janitor writes them off
+        abandoned. Held only in memory, a stop or a crash would leave them without a record,
+        and a restart, catching up from the job's latest tick, would never find them."""
+        requests: list[ClaimRequest] = []
+        states: list[JobState] = []
+        for job, ticks in backlogs.items():
+            if (state := self._registry.get(job)) is None:
+                continue
+            for tick in ticks:
+                requests.append(ClaimRequest(job, tick, False, False, state.spec.max_runs))
+                states.append(state)
+        if not requests:
+            return
+        claims = await self._backend.claim(requests)
+        self._recorder.health.answered(CLAIMING)
+        now = self._clock.now()
+        for state, claim in zip(states, claims, strict=True):
+            self._settle(state, claim, "backlog", now)
+        for job in backlogs:
+            state = self._registry.get(job)
+            if state is not None and state.backlog and not state.running:
+                await self._start_queued(state)
+
     async def _until(self, due: datetime) -> None:
         """Claimed ahead: wait for the instant, so the runs start on time. On the loop only
         (a blocking fine sleep can fail, e.g. under a faked clock), and never raising: the
@@ -312,6 +341,10 @@ class Dispatcher:
         elif action == "abandon":
             why = "lost its lock with the backend session before it started; not run"
             record(state, claim, Outcome.ABANDONED, why, unlock=claim.locked)
+        elif action == "backlog":
+            if state.backlog is None:
+                state.backlog = deque()
+            state.backlog.append(claim)
         elif action == "run":
             self._runs.start(state, claim, now)
         elif action == "skip":
@@ -343,13 +376,24 @@ class Dispatcher:
 
     async def _start_queued(self, finished: JobState) -> None:
         """After a run of ``finished`` ended: a manual run waiting (the earliest asked for),
-        else its queued tick, or its next catch-up tick."""
+        else its queued tick, else its next catch-up tick. A catch-up tick that could not
+        take the lock is the backlog's last try for now: the rest waits for the job's next
+        run here to end, rather than being written off at once."""
         record = self._recorder.record
         while not finished.running:
+            from_backlog = False
             if finished.pending_manual:
                 pending = finished.pending_manual.popleft()
             elif finished.pending is not None:
                 pending, finished.pending = finished.pending, None
+            elif finished.backlog and self._registry.get(finished.spec.name) is not finished:
+                # Removed since its backlog was claimed: what is left of it will not run.
+                why = "the job was removed before its turn"
+                self._recorder.record_claims_missed(finished, list(finished.backlog), why)
+                finished.backlog = None
+                break
+            elif finished.backlog:
+                pending, from_backlog = finished.backlog.popleft(), True
             else:
                 break
             allow = finished.spec.overlap == "allow"
@@ -358,12 +402,14 @@ class Dispatcher:
             except Exception as exc:
                 record(finished, pending, Outcome.MISSED, f"could not take its lock: {exc}")
             else:
-                if not locked:
-                    record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
-                else:
+                if locked:
+                    # Started, or recorded missed past its grace: then what waits goes on
+                    # once that record has let the lock go (``then_next``), not before.
                     self._runs.start(finished, pending._replace(locked=not allow))
-        if finished.backlog and not finished.running:
-            self._registry.run_soon(Tick(finished.spec.name, finished.backlog.popleft()))
+                    break
+                record(finished, pending, Outcome.SKIPPED_OVERLAP, "running elsewhere")
+            if from_backlog:
+                break
 
     def _start_waiting_for_a_slot(self) -> None:
         limit, active = self.max_concurrent_jobs, self._runs.active
@@ -384,3 +430,8 @@ class Dispatcher:
             if state.pending is not None:
                 record(state, state.pending, Outcome.MISSED, "scheduler shut down first")
                 state.pending = None
+            if state.backlog:
+                self._recorder.record_claims_missed(
+                    state, list(state.backlog), "scheduler shut down first"
+                )
+            state.backlog = None

@@ -125,7 +125,8 @@ class Engine:
         self._recorder.after_release = self._dispatcher.after_release
         self._recovery = Recovery(backend=backend, registry=self.registry,
                                   recorder=self._recorder, retries=self._retries,
-                                  observer=self.observer)  # fmt: skip
+                                  observer=self.observer,
+                                  queue_backlogs=self._dispatcher.queue_backlogs)  # fmt: skip
         self.cluster = ClusterWatch(backend, self.registry, self.observer, health)
         self._chains = ChainReads(backend, self.registry, health)
         self._membership = Membership(shared, health, self._background)
@@ -282,7 +283,8 @@ class Engine:
         now = self.clock.now()
         lead = self._dispatcher.lead()
         await self._chains.read(now + lead)  # fixed-delay jobs: their next ticks first
-        decision, immediate, catch_up, manual = self.registry.take_due(now + lead)
+        decision, catch_up, manual = self.registry.take_due(now + lead)
+        immediate: list[Tick] = []
         catch_up, since = self.leadership.step(catch_up, now, immediate)
         retries = self._retries
         immediate += retries.early_due(now)

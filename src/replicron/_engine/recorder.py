@@ -105,6 +105,27 @@ class Recorder:
         self.report(record, state, detail=detail)
         self.release(record, unlock, state if then_next else None)
 
+    def record_claims_missed(self, state: JobState, claims: list[Claim], why: str) -> None:
+        """Claimed ticks of one job that will not run (a catch-up backlog at shutdown),
+        recorded missed: one WARNING however many, each told to the listeners."""
+        now = self._registry.clock.now()
+        records = [
+            RunRecord(
+                state.spec.name,
+                claim.scheduled_at,
+                Outcome.MISSED,
+                self.replica_id,
+                claim.run_id,
+                None,
+                now,
+                why,
+            )
+            for claim in claims
+        ]
+        for record in records:
+            self.release(record, False, None)
+        self._report_missed(records, why)
+
     def report(
         self,
         record: RunRecord,

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 from replicron.backends.base import Backend
 from replicron.triggers import FixedDelayTrigger
 
-from .health import CATCHING_UP, RECORDING_MISSED
+from .health import CATCHING_UP, CLAIMING, RECORDING_MISSED
 from .observe import Observer
 from .planner import Span, Tick, catch_up_plan, resync_plan, walk
 from .recorder import Recorder
@@ -36,9 +35,12 @@ class Recovery:
         recorder: Recorder,
         retries: Retries,
         observer: Observer,
+        queue_backlogs: Callable[[Mapping[str, list[datetime]]], Awaitable[None]],
     ) -> None:
         self._backend, self._registry, self._recorder = backend, registry, recorder
         self._retries, self._observer = retries, observer
+        #: Claims each job's backlog (the ticks to run, oldest first) and queues its runs.
+        self._queue_backlogs = queue_backlogs
 
     async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> None:
         """Record ``ticks`` missed, and each job's span in ``older`` as one record; those not
@@ -52,9 +54,13 @@ class Recovery:
         self, names: list[str], now: datetime, since: Mapping[str, datetime] | None = None
     ) -> list[Tick]:
         """Ticks of ``names`` missed since each one's last recorded tick (or, for a job with
-        none, since its instant in ``since``): returns the first to run now (the rest of a
-        backlog runs one after another); records the others."""
+        none, since its instant in ``since``): returns the one tick to run now of each job
+        that has one; claims a backlog of several (``catch_up="all"``) at once, to run one
+        after another; records the others missed. The misses are recorded before the
+        backlog is claimed: if claiming fails, the job's latest record is still older than
+        its backlog, and the next try finds the backlog again."""
         runs: list[Tick] = []
+        backlogs: dict[str, list[datetime]] = {}
         missed: list[Tick] = []
         older: dict[str, Span] = {}
         lasts = await self._backend.last_ticks(names)
@@ -71,17 +77,19 @@ class Recovery:
             due, skipped, span = catch_up_plan(
                 spec.trigger, last, now, spec.catch_up, spec.misfire_grace
             )
-            if due:
-                # Catch-up runs go one after another, whatever the overlap policy.
+            # Catch-up runs go one after another, whatever the overlap policy.
+            if len(due) > 1:
+                backlogs[name] = due
+            elif due:
                 runs.append(Tick(name, due[0]))
-                if len(due) > 1:
-                    state.backlog = deque(due[1:])
             missed += [Tick(name, t) for t in skipped]
             if span is not None:
                 older[name] = span
         if missed or older:
             why = "no replica ran it when it fell due (caught up on start)"
             await self.record_missed(missed, older, why)
+        if backlogs:
+            await self._queue_backlogs(backlogs)
         return runs
 
     async def resync(self, now: datetime, due_now: set[str]) -> list[Tick]:
@@ -89,6 +97,7 @@ class Recovery:
         missed while no replica was up (see ``resync_plan``)."""
         unhandled = self._retries.take_unhandled()
         runs: list[Tick] = []
+        backlogs: dict[str, list[datetime]] = {}
         missed: list[Tick] = []
         older: dict[str, Span] = {}
         for name, (first, last) in unhandled.items():
@@ -100,10 +109,10 @@ class Recovery:
                 spec.trigger, first, last, now, spec.catch_up, spec.misfire_grace,
                 superseded=name in due_now,
             )  # fmt: skip
-            if run:
+            if len(run) > 1:
+                backlogs[name] = run
+            elif run:
                 runs.append(Tick(name, run[0]))
-                if len(run) > 1:
-                    state.backlog = deque(run[1:])
             missed += [Tick(name, tick) for tick in skip]
             if span is not None:
                 older[name] = span
@@ -114,15 +123,22 @@ class Recovery:
             except Exception as exc:
                 self._recorder.lock_error(missed, exc, RECORDING_MISSED)
                 spans = [Tick(name, span.first) for name, span in older.items()]
-                self._retries.unhandle(spans + missed + runs, now)
+                self._retries.unhandle(spans + missed + runs + _ticks_of(backlogs), now)
                 return []
+        if backlogs:
+            try:
+                await self._queue_backlogs(backlogs)
+            except Exception as exc:
+                self._recorder.lock_error(_ticks_of(backlogs), exc, CLAIMING)
+                self._retries.unhandle(_ticks_of(backlogs), now)
         # Said once the backend has answered (the misses are recorded): until then each
         # retry would say it again.
         if missed or older:
             count = len(missed) + sum(span.ticks for span in older.values())
+            to_run = len(runs) + sum(len(ticks) for ticks in backlogs.values())
             self._observer.log(
                 _INFO, "resync",
-                f"ticks that fell due while the backend was unavailable: {len(runs)} to run, "
+                f"ticks that fell due while the backend was unavailable: {to_run} to run, "
                 f"{count} recorded missed (by each job's catch_up and misfire_grace)",
             )  # fmt: skip
         return runs
@@ -149,3 +165,7 @@ class Recovery:
                 _ERROR, "lock_error", f"could not record {len(ticks)} unhandled ticks as "
                 f"missed before shutting down ({exc!r}): {listed}",
             )  # fmt: skip
+
+
+def _ticks_of(backlogs: Mapping[str, list[datetime]]) -> list[Tick]:
+    return [Tick(name, tick) for name, ticks in backlogs.items() for tick in ticks]

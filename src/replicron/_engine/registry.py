@@ -61,7 +61,9 @@ class JobState:
     # Overlap "queue": manual runs waiting for the current run, in the order asked for. Each
     # was asked for on purpose: none replaces another or the queued tick.
     pending_manual: deque[Claim] | None = None
-    backlog: deque[datetime] | None = None  # catch_up="all": ticks run one after another
+    # catch_up="all": the ticks caught up, claimed at once and run one after another, oldest
+    # first, each taking the job's lock when its turn comes (as a queued tick does).
+    backlog: deque[Claim] | None = None
     last_record: PackedRecord | None = None  # packed: one per job, kept for long
     last_error: BaseException | None = None
     last_detail: str | None = None
@@ -104,7 +106,6 @@ class JobRegistry:
         self._lock = threading.RLock()
         self._jobs: dict[str, JobState] = {}
         self._planner = Planner()
-        self._immediate: list[Tick] = []  # catch-up backlogs: due at once
         self._manual: list[Tick] = []  # manual runs (run_now) asked for
         self._requested: set[Tick] = set()  # those asked for across the cluster
         self._catch_up_needed: list[str] = []  # jobs whose ticks missed while down to look up
@@ -295,25 +296,18 @@ class JobRegistry:
                 self._plan(state)
             self._catch_up_needed.extend(self._jobs)
 
-    def take_due(self, now: datetime) -> tuple[Decision, list[Tick], list[str], list[Tick]]:
-        """The planner's decision at ``now``, the ticks due at once, the jobs to catch up,
-        the manual runs asked for."""
+    def take_due(self, now: datetime) -> tuple[Decision, list[str], list[Tick]]:
+        """The planner's decision at ``now``, the jobs to catch up, the manual runs asked
+        for."""
         with self._lock:
             decision = self._planner.decide(now)
-            immediate, self._immediate = self._immediate, []
             catch_up, self._catch_up_needed = self._catch_up_needed, []
             manual, self._manual = self._manual, []
-        return decision, immediate, catch_up, manual
+        return decision, catch_up, manual
 
     def catch_up_later(self, names: list[str]) -> None:
         with self._lock:
             self._catch_up_needed.extend(names)
-
-    def run_soon(self, tick: Tick) -> None:
-        """Run ``tick`` at the next step (the next tick of a catch-up backlog)."""
-        with self._lock:
-            self._immediate.append(tick)
-        self._wake()
 
     def retire(self, name: str, state: JobState) -> None:
         """Plan no more ticks of ``name`` (it reached ``max_runs``), unless it is no longer

@@ -45,9 +45,9 @@ __all__ = ["MemoryBackend", "MemoryState"]
 #: Claimed ticks remembered per job for the exactly-once check (8 bytes each). When there
 #: are more, the earliest eighth is dropped (at once, rather than one per claim), and a claim
 #: of a tick at or before a dropped one is refused as taken: never run twice. Dropping the
-#: earliest, not the first claimed, keeps a ``catch_up="all"`` backlog (old ticks claimed one
-#: by one while newer ones come by) whole as long as fewer newer ticks of the job than seven
-#: eighths of this are claimed meanwhile.
+#: earliest, not the first claimed, keeps the ticks the job's next claims are near: a
+#: ``catch_up="all"`` backlog (up to 1000 old ticks, claimed in one batch) claimed before or
+#: among newer ticks leaves those newer ticks remembered.
 TICKS_KEPT = 1024
 #: Outcomes kept per job for :meth:`MemoryState.history` (packed, so that the collector
 #: does not track them).
