@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
+from replicron.backends.embedded import LEDGER_NAME
 from tests._harness.daemons import Daemons, config_text
 from tests._harness.reporting import report_on_failure
 from tests.faults.prereqs import require
@@ -163,3 +164,5 @@ def test_a_daemon_starting_on_a_full_disk_says_the_disk_is_full(
     assert len(problems) == 1, daemon.log()
     assert "the disk is full (no space left on device)" in problems[0]
     assert "Traceback" not in daemon.log()
+    if ledger == "new":  # nothing left behind by a start that could not write a byte
+        assert not (state_dir / LEDGER_NAME).exists()

@@ -80,6 +80,17 @@ def _contended(exc: BaseException) -> bool:
     )
 
 
+def _remove_if_empty(path: Path) -> None:
+    """A ledger this start created and could not write a byte to (a full disk): no empty
+    file is left behind. Only then: a process creating the ledger at the same moment gets
+    the same full disk, whereas on contention it may be writing the file just made."""
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
 class Ledger:
     """A connection to the ledger file; its methods are short transactions."""
 
@@ -89,6 +100,7 @@ class Ledger:
         self._conn: sqlite3.Connection | None = None
         self._phase = "cannot be opened"
         deadline = time.monotonic() + busy_timeout
+        fresh = not path.exists()
         while True:
             try:
                 self._connect(busy_timeout)
@@ -101,6 +113,8 @@ class Ledger:
                     time.sleep(random.uniform(0.005, 0.05))
                     continue
                 if isinstance(exc, sqlite3.Error | OSError) and out_of_space(exc, path.parent):
+                    if fresh:
+                        _remove_if_empty(path)
                     raise StateDirError(path, f"cannot be written: {DISK_FULL}") from exc
                 if isinstance(exc, sqlite3.Error | OSError):
                     problem = problem_of(exc, path.parent)
