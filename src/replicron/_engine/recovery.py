@@ -40,13 +40,14 @@ class Recovery:
         self._backend, self._registry, self._recorder = backend, registry, recorder
         self._retries, self._observer = retries, observer
 
-    async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> None:
+    async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> int:
         """Record ``ticks`` missed, and each job's span in ``older`` as one record; those not
-        yet due by the backend's clock are retried."""
-        early = await self._recorder.record_missed(ticks, older, why)
+        yet due by the backend's clock are retried. Returns how many ticks were recorded."""
+        recorded, early = await self._recorder.record_missed(ticks, older, why)
         now = self._registry.clock.now()
         for tick in early:
             self._retries.early(tick, now)
+        return recorded
 
     async def catch_up(
         self, names: list[str], now: datetime, since: Mapping[str, datetime] | None = None
@@ -110,16 +111,16 @@ class Recovery:
         if missed or older:
             why = "the backend was unreachable when it fell due"
             try:
-                await self.record_missed(missed, older, why)
+                count = await self.record_missed(missed, older, why)
             except Exception as exc:
                 self._recorder.lock_error(missed, exc, RECORDING_MISSED)
                 spans = [Tick(name, span.first) for name, span in older.items()]
                 self._retries.unhandle(spans + missed + runs, now)
                 return []
-        # Said once the backend has answered (the misses are recorded): until then each
-        # retry would say it again.
-        if missed or older:
-            count = len(missed) + sum(span.ticks for span in older.values())
+            # Said once the backend has answered (the misses are recorded): until then each
+            # retry would say it again. The count is what this replica wrote: ticks that
+            # already had records (another replica's, a claim whose answer was lost) are not
+            # in it.
             self._observer.log(
                 _INFO, "resync",
                 f"ticks that fell due while the backend was unavailable: {len(runs)} to run, "
