@@ -274,7 +274,7 @@ class FlakyBackend(MemoryBackend):
             raise ConnectionError("backend unreachable")
         return await super().claim(requests)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         if self.fail_records:
             self.fail_records -= 1
             raise ConnectionError("backend unreachable")

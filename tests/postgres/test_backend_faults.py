@@ -463,6 +463,35 @@ def test_a_lost_claim_is_recorded_when_its_tick_is_written_off_or_at_close(dsn: 
     assert "answer was lost" in rows[1][2]
 
 
+def test_lost_claims_in_a_range_are_recorded_with_it_and_the_range_starts_after_them(
+    dsn: str,
+) -> None:
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            for n in (1, 5):  # the claims in flight when the connection went, then resynced
+                token = uuid.uuid4()
+                _insert_lost_claim(dsn, "cleanup", n, token)
+                a._tokens.remember([("cleanup", tick(n))], [token])
+            span = RunRecord("cleanup", tick(1), Outcome.MISSED, "replica-a", None, None,
+                             None, "the backend was unreachable", through=tick(20), ticks=20,
+                             starts=tuple(tick(n) for n in range(1, 9)))  # fmt: skip
+            # The range stands for the 18 ticks without rows; the two lost claims are
+            # recorded missed by their tokens with it.
+            assert await a.record_unclaimed([span]) == [20]
+            assert not a._tokens
+
+    asyncio.run(main())
+    rows = sql(
+        dsn,
+        "SELECT scheduled_at, scheduled_through, ticks, outcome FROM replicron_runs ORDER BY 1",
+    )
+    assert rows == [
+        (tick(1), None, 1, "missed"),
+        (tick(2), tick(20), 18, "missed"),
+        (tick(5), None, 1, "missed"),
+    ]
+
+
 def _write_off(dsn: str, job: str, n: int) -> None:
     """What a janitor does to the row of a lost claim once its heartbeat is stale."""
     sql(dsn, queries()["abandon_stale"], {"namespace": "", "stale_after": timedelta(seconds=1)})

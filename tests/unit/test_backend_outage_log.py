@@ -42,7 +42,7 @@ class OutageBackend(MemoryBackend):
         self._check("release")
         await super().release(releases)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         self._check("record_unclaimed")
         return await super().record_unclaimed(records)
 

@@ -105,7 +105,7 @@ class NoRegistryBackend:
     async def release(self, releases: Sequence[Release]) -> None:
         await self._ledger.release(releases)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         return await self._ledger.record_unclaimed(records)
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:

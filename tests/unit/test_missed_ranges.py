@@ -5,6 +5,8 @@ counts (status, metrics) and the log tell how many were missed."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,6 +14,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from replicron import EmbeddedBackend, Scheduler, every
+from replicron._engine.planner import MAX_ENUMERATED_TICKS
+from replicron.backends import MemoryBackend, Release, RunRecord, memory
+from replicron.backends.base import Claim, ClaimRequest
 from replicron.metrics import ReplicronCollector
 from replicron.testing import FakeClock
 from tests.helpers import Recorder, step
@@ -67,3 +72,86 @@ def test_a_per_second_job_two_hours_behind_counts_every_missed_tick_and_warns_on
         f"this one through {(first_tick + DOWN - SECOND).isoformat()}: no replica ran it when "
         "it fell due (caught up on start)"
     ]
+
+
+class LostAnswerBackend(MemoryBackend):
+    """The in-process backend as a replica sees a database going away: once ``lose_next``
+    is set, the next claim is committed but its answer is lost with the connection, and
+    every call fails until ``down`` is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_next = self.down = False
+        self.lost: list[datetime] = []  # the ticks of the claim whose answer was lost
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("connection refused")
+
+    async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
+        self._check()
+        claims = await super().claim(requests)
+        if self.lose_next:
+            self.lose_next, self.down = False, True
+            self.lost = [request.scheduled_at for request in requests]
+            for request in requests:  # a lock held by the lost session goes with it
+                job = self.state.job(request.job)
+                job.lock_replica = job.lock_run_id = None
+            raise ConnectionError("server closed the connection unexpectedly")
+        return claims
+
+    async def release(self, releases: Sequence[Release]) -> None:
+        self._check()
+        await super().release(releases)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
+        self._check()
+        return await super().record_unclaimed(records)
+
+
+def test_an_outage_past_the_enumeration_bound_after_a_lost_claim_leaves_no_tick_unrecorded(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memory, "TICKS_KEPT", 10_000)  # every tick's row stays to be counted
+    backend = LostAnswerBackend()
+    scheduler = Scheduler(clock=clock, backend=backend)
+    scheduler.add_job(every(seconds=1), lambda: None, name="beat")
+    scheduler.start()
+    try:
+        scheduler.wait_idle()
+        step(clock, clock.now() + SECOND)
+        backend.lose_next = True  # the next claim is the last that reaches the server
+        step(clock, clock.now() + SECOND)
+        step(clock, clock.now() + SECOND)
+        [lost] = backend.lost
+        outage = 1500 * SECOND  # past MAX_ENUMERATED_TICKS: the oldest ticks are a range
+        clock.set(lost + outage)
+        scheduler.wait_idle()
+        caplog.set_level(logging.INFO, logger="replicron")
+        backend.down = False
+        for _ in range(30):  # the scheduler retries the backend within seconds
+            step(clock, clock.now() + SECOND)
+        end = clock.now()
+    finally:
+        scheduler.shutdown()
+    job = backend.state.jobs["beat"]
+    [(start, (last, range_ticks))] = job.ranges.items()  # POSIX timestamps
+    # The rows of single ticks: the claimed keys less the range's own two.
+    rows = set(job.claimed) - {start, last}
+    # The lost claim's tick keeps its row; the range begins at the first tick with none.
+    assert lost.timestamp() in rows
+    assert start == (lost + SECOND).timestamp()
+    covered = Counter(rows)
+    in_range = [key for key in rows if start <= key <= last]
+    tick = start
+    while tick <= last:
+        covered[tick] += tick not in rows
+        tick += 1
+    assert range_ticks == last - start + 1 - len(in_range)
+    every_tick = {lost.timestamp() + n for n in range(int((end - lost) / SECOND))}
+    assert set(covered) == every_tick
+    assert set(covered.values()) == {1}
+    [said] = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "resync"]
+    # What was written: the range's ticks (the lost claim's tick has its own row) and the
+    # latest ticks one by one.
+    assert f"0 to run, {range_ticks + MAX_ENUMERATED_TICKS} recorded missed" in said

@@ -352,7 +352,7 @@ class AheadOfTheBackend(MemoryBackend):
         super().__init__()
         self.refused: list[datetime] = []
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         if not self.refused:
             self.refused = [r.scheduled_at for r in records]
             return [None] * len(records)

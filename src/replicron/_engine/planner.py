@@ -20,6 +20,7 @@ from .chain import KEEP, Chain, chain_of
 
 __all__ = [
     "MAX_ENUMERATED_TICKS",
+    "RANGE_STARTS_OFFERED",
     "CatchUp",
     "Decision",
     "Planner",
@@ -29,6 +30,7 @@ __all__ = [
     "catch_up_plan",
     "overlap_action",
     "resync_plan",
+    "span_starts",
     "ticks_from",
     "walk",
 ]
@@ -37,6 +39,10 @@ __all__ = [
 #: the latest ones. Past that (a laptop suspended for days with a per-second job) the older
 #: ones are one range record (first, last, count), so each tick still has exactly one record.
 MAX_ENUMERATED_TICKS = 1000
+#: How many of a range's first ticks its record offers as its key: a range is keyed by its
+#: first tick with no row of its own (a claim whose answer was lost when the backend went
+#: away, another replica's record), and only a run of that many such rows refuses it.
+RANGE_STARTS_OFFERED = 64
 _EPSILON = timedelta(microseconds=1)
 
 CatchUp = Literal["latest", "none", "all"]
@@ -58,6 +64,18 @@ class Span(NamedTuple):
     first: datetime
     last: datetime
     ticks: int
+
+
+def span_starts(trigger: Trigger, span: Span) -> tuple[datetime, ...]:
+    """The first ticks of ``span`` (at most :data:`RANGE_STARTS_OFFERED`): where its range
+    record may be keyed."""
+    starts = [span.first]
+    while len(starts) < min(span.ticks, RANGE_STARTS_OFFERED):
+        tick = trigger.next_after(starts[-1])
+        if tick is None or tick > span.last:
+            break
+        starts.append(tick)
+    return tuple(starts)
 
 
 class Walk(NamedTuple):

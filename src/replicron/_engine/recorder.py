@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
+from typing import NamedTuple
 
 from replicron.backends.base import Backend, Claim, Release, RunRecord, pack_record
 from replicron.events import Outcome, RunEvent
@@ -14,10 +15,10 @@ from .background import Background
 from .health import RECORDING_MISSED, BackendHealth, is_outage
 from .lifecycle import Lifecycle
 from .observe import Observer
-from .planner import Span, Tick
+from .planner import Span, Tick, span_starts
 from .registry import JobRegistry, JobState, event_of
 
-__all__ = ["Recorder"]
+__all__ = ["MissedRecorded", "Recorder"]
 
 _DEBUG, _INFO, _WARNING, _ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 _LOG_LEVEL = {
@@ -55,6 +56,14 @@ def _first_tick(record: RunRecord) -> datetime:
 
 def _last_tick(record: RunRecord) -> datetime:
     return record.scheduled_at if record.through is None else record.through
+
+
+class MissedRecorded(NamedTuple):
+    """What ``Recorder.record_missed`` did: how many ticks it recorded missed (a range by
+    the ticks its row stands for), and the ticks the backend found not yet due."""
+
+    recorded: int
+    early: list[Tick]
 
 
 class Recorder:
@@ -201,26 +210,29 @@ class Recorder:
 
     async def record_missed(
         self, ticks: list[Tick], older: Mapping[str, Span], why: str = "a later tick was due"
-    ) -> list[Tick]:
+    ) -> MissedRecorded:
         """Record ``ticks`` missed, where no replica has them, and each job's span in
         ``older`` as one record (before the ticks: a tick inside a range recorded meanwhile
-        by another replica is then refused). Logs one WARNING per job, however many ticks.
-        Returns the ticks the backend found not yet due by its clock (ours runs ahead): they
-        are to be claimed shortly."""
+        by another replica is then refused). A span's ticks that already have records keep
+        them: its range stands for the others. Logs one WARNING per job, however many ticks.
+        Returns how many ticks were recorded, and those the backend found not yet due by its
+        clock (ours runs ahead): they are to be claimed shortly."""
         missed, replica, registry = Outcome.MISSED, self.replica_id, self._registry
         now = registry.clock.now()
         recorded: dict[str, list[RunRecord]] = {}
         if older:
             spans: list[RunRecord] = []
             for job, span in older.items():
+                state = registry.get(job)
+                starts = () if state is None else span_starts(state.spec.trigger, span)
                 record = RunRecord(job, span.first, missed, replica, None, None, now, why)
-                spans.append(record._replace(through=span.last, ticks=span.ticks))
+                spans.append(record._replace(through=span.last, ticks=span.ticks, starts=starts))
             answers = await self._backend.record_unclaimed(spans)
             self.health.answered(RECORDING_MISSED)
-            for record, ours in zip(spans, answers, strict=True):
-                if ours:
-                    recorded.setdefault(record.job, []).append(record)
-                else:  # another replica recorded ticks in that span: they are its
+            for record, written in zip(spans, answers, strict=True):
+                if written:  # the ticks of the span without records of their own
+                    recorded.setdefault(record.job, []).append(record._replace(ticks=written))
+                else:  # another replica recorded a range in that span: the ticks are its
                     self._observer.log(
                         _DEBUG,
                         "missed",
@@ -247,7 +259,8 @@ class Recorder:
                     early.append(Tick(record.job, record.scheduled_at))
         for job_records in recorded.values():
             self._report_missed(job_records, why)
-        return early
+        count = sum(record.ticks for job_records in recorded.values() for record in job_records)
+        return MissedRecorded(count, early)
 
     def _report_missed(self, records: list[RunRecord], why: str) -> None:
         """One job's missed ticks just recorded: one WARNING however many they are, and

@@ -42,13 +42,14 @@ class Recovery:
         #: Claims each job's backlog (the ticks to run, oldest first) and queues its runs.
         self._queue_backlogs = queue_backlogs
 
-    async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> None:
+    async def record_missed(self, ticks: list[Tick], older: Mapping[str, Span], why: str) -> int:
         """Record ``ticks`` missed, and each job's span in ``older`` as one record; those not
-        yet due by the backend's clock are retried."""
-        early = await self._recorder.record_missed(ticks, older, why)
+        yet due by the backend's clock are retried. Returns how many ticks were recorded."""
+        recorded, early = await self._recorder.record_missed(ticks, older, why)
         now = self._registry.clock.now()
         for tick in early:
             self._retries.early(tick, now)
+        return recorded
 
     async def catch_up(
         self, names: list[str], now: datetime, since: Mapping[str, datetime] | None = None
@@ -116,10 +117,11 @@ class Recovery:
             missed += [Tick(name, tick) for tick in skip]
             if span is not None:
                 older[name] = span
+        count = 0
         if missed or older:
             why = "the backend was unreachable when it fell due"
             try:
-                await self.record_missed(missed, older, why)
+                count = await self.record_missed(missed, older, why)
             except Exception as exc:
                 self._recorder.lock_error(missed, exc, RECORDING_MISSED)
                 spans = [Tick(name, span.first) for name, span in older.items()]
@@ -132,9 +134,9 @@ class Recovery:
                 self._recorder.lock_error(_ticks_of(backlogs), exc, CLAIMING)
                 self._retries.unhandle(_ticks_of(backlogs), now)
         # Said once the backend has answered (the misses are recorded): until then each
-        # retry would say it again.
+        # retry would say it again. The count is what this replica wrote: ticks that already
+        # had records (another replica's, a claim whose answer was lost) are not in it.
         if missed or older:
-            count = len(missed) + sum(span.ticks for span in older.values())
             to_run = len(runs) + sum(len(ticks) for ticks in backlogs.values())
             self._observer.log(
                 _INFO, "resync",

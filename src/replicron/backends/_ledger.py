@@ -302,26 +302,38 @@ class Ledger:
         conn: sqlite3.Connection,
         job: str,
         span: tuple[int, int, int],
+        starts: Sequence[int],
         error: str | None,
         claimant: Claimant,
-    ) -> bool:
-        """Record missed the ticks ``span`` = (first, last, how many) in one row, unless a
-        record of ``job`` lies in that span; whether this call did."""
+    ) -> int | None:
+        """Record missed the ticks of ``span`` = (first, last, how many) that have no row of
+        their own, in one row keyed by the first of ``starts`` with no row, unless another
+        range lies in that span or every start has a row; how many ticks the row stands
+        for, or None if none was written."""
         first, last, ticks = span
+        bounds = {"job": job, "tick": first, "through": last}
+        if conn.execute(sql("range_within"), bounds).fetchone() is not None:
+            return None
+        for start in starts:
+            if conn.execute(sql("row_at"), {"job": job, "tick": start}).fetchone() is None:
+                break
+        else:
+            return None  # every start has a row: where the range would begin is unknown
+        [(held,)] = conn.execute(sql("ticks_held_within"), bounds).fetchall()
         cursor = conn.execute(
             sql("insert_missed_range"),
             {
                 "job": job,
-                "tick": first,
+                "tick": start,
                 "through": last,
-                "ticks": ticks,
+                "ticks": ticks - held,
                 "now": now_us(),
                 "replica": claimant.replica,
                 "pid": claimant.pid,
                 "error": error,
             },
         )
-        return cursor.rowcount == 1
+        return ticks - held if cursor.rowcount == 1 else None
 
     # ---- reads and housekeeping -----------------------------------------------------------
 

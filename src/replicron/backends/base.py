@@ -132,6 +132,9 @@ class RunRecord(NamedTuple):
     through: datetime | None = None
     #: How many ticks the record stands for: 1, or the ticks of its range.
     ticks: int = 1
+    #: For a range: the first ticks of its span (``scheduled_at`` first), where its row may
+    #: be keyed (see ``record_unclaimed``); empty means ``scheduled_at`` alone.
+    starts: tuple[datetime, ...] = ()
 
 
 class _OfATick(Protocol):
@@ -184,7 +187,7 @@ def taken_repeat(request: ClaimRequest) -> Claim:
     return Claim(request.job, request.scheduled_at, ClaimStatus.TAKEN, None, False, request.manual)
 
 
-def unrecorded_repeat(record: RunRecord) -> bool | None:
+def unrecorded_repeat(record: RunRecord) -> int | None:
     """The answer to an unclaimed record repeating a tick earlier in its batch."""
     return False
 
@@ -246,17 +249,19 @@ class Backend(Protocol):
         """Record how claimed ticks ended and, where ``unlock`` is set, drop their job's
         lock."""
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         """Record outcomes of ticks nobody ran (missed) unless another replica already
         recorded the tick; True where this call recorded it, None where the tick is not yet
         due by the coordinator's clock (nothing recorded: claim it when it is due).
 
         A record with ``through`` is a range: the missed ticks from ``scheduled_at`` through
-        ``through``, ``ticks`` of them, in one row keyed by its first tick. It is recorded
-        only if no record of the job (a tick's or another range's) lies in its span: else
-        nothing is (False), and the ticks are somebody else's. A tick inside a recorded range
-        has its record: recording it again is refused. ``last_ticks`` counts a range by its
-        last tick."""
+        ``through``, ``ticks`` of them, in one row. Ticks of the span that already have rows
+        of their own keep them: the row stands for the others, keyed by the first of
+        ``starts`` with no row, and its answer is how many ticks it stands for (``ticks``
+        less those rows). It is refused (False) if another range lies in its span (those
+        ticks are somebody else's: two replicas writing one gap end with one range), or if
+        every one of ``starts`` has a row. A tick inside a recorded range has its record:
+        recording it again is refused. ``last_ticks`` counts a range by its last tick."""
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         """The latest tick of each job recorded by anybody, a range of missed ticks by its

@@ -193,7 +193,7 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         if releases:
             await self._call(self._release, releases)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         return await self._call(self._record_unclaimed, records) if records else []
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
@@ -398,10 +398,10 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
             None, None, _LOST, claim.manual,
         )  # fmt: skip
 
-    def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         ledger = self._require()
         unique, where = base.once_per_tick(records)  # a record listed twice is recorded once
-        answers: list[bool | None] = []
+        answers: list[int | None] = []
         with ledger.write() as conn:
             for record in unique:
                 job, tick = record.job, to_micros(record.scheduled_at)
@@ -411,9 +411,11 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                     continue
                 if record.through is not None:
                     span = (tick, to_micros(record.through), record.ticks)
-                    answers.append(
-                        Ledger.insert_missed_range(conn, job, span, record.error, self._claimant)
+                    starts = [to_micros(start) for start in record.starts] or [tick]
+                    written = Ledger.insert_missed_range(
+                        conn, job, span, starts, record.error, self._claimant
                     )
+                    answers.append(False if written is None else written)
                     continue
                 answers.append(
                     Ledger.insert_finished(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,20 +83,26 @@ class _JobState:
     # Ranges of missed ticks, by their first tick's key: (last tick's key, how many ticks).
     # Both ends are in ``claimed`` too, so a claim of a tick inside one takes the slow path.
     ranges: dict[float, tuple[float, int]] = field(default_factory=dict)
+    # The keys in ``claimed`` that are manual runs': not ticks of the job.
+    manual_keys: set[float] = field(default_factory=set)
 
     def in_range(self, key: float) -> bool:
         return any(first <= key <= last for first, (last, _) in self.ranges.items())
 
-    def has_record_within(self, first: float, last: float) -> bool:
-        """Whether a tick's record or a range lies (partly) in ``first``..``last`` (here
-        manual runs count too: their keys are among the claimed ones)."""
-        claimed, dropped = self.claimed, self.dropped_up_to
+    def has_range_within(self, first: float, last: float) -> bool:
+        """Whether a range lies (partly) in ``first``..``last``, or that span reaches into
+        the ticks dropped from ``claimed`` (what lies there is no longer known)."""
+        dropped = self.dropped_up_to
         if dropped is not None and first <= dropped:
             return True
-        at = bisect_left(claimed, first)
-        if at < len(claimed) and claimed[at] <= last:
-            return True
         return any(a <= last and first <= b for a, (b, _) in self.ranges.items())
+
+    def ticks_held_within(self, first: float, last: float) -> int:
+        """How many ticks in ``first``..``last`` have rows of their own (manual runs lie
+        off the job's ticks; no range lies there)."""
+        claimed = self.claimed
+        held = bisect_right(claimed, last) - bisect_left(claimed, first)
+        return held - sum(1 for key in self.manual_keys if first <= key <= last)
 
     def keep(self, record: RunRecord) -> None:
         packed = pack_record(record)
@@ -268,10 +274,14 @@ class MemoryBackend:
             if job.ranges and job.in_range(key):
                 return False
             claimed.insert(at, key)
+        if manual:
+            job.manual_keys.add(key)
         if len(claimed) > TICKS_KEPT:
             drop = max(1, TICKS_KEPT // 8)
-            job.dropped_up_to = claimed[drop - 1]
+            job.dropped_up_to = dropped = claimed[drop - 1]
             del claimed[:drop]
+            if job.manual_keys:
+                job.manual_keys = {k for k in job.manual_keys if k > dropped}
         last = job.last_tick
         if not manual and (last is None or tick > last):
             job.last_tick = tick
@@ -297,8 +307,8 @@ class MemoryBackend:
                 if unlock and job.lock_run_id == record.run_id and job.lock_replica == replica:
                     job.lock_replica = job.lock_run_id = None
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
-        done: list[bool | None] = []
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
+        done: list[int | None] = []
         with self.state.lock:
             for record in records:
                 job = self.state.job(record.job)
@@ -307,25 +317,41 @@ class MemoryBackend:
                     done.append(False)  # the job ran its max_runs: no more ticks
                     continue
                 if record.through is None:
-                    taken = self._take_tick(job, record.scheduled_at)
-                else:
-                    taken = self._take_range(job, record.scheduled_at, record.through, record.ticks)
-                if taken:
-                    job.keep(record)
-                done.append(taken)
+                    if self._take_tick(job, record.scheduled_at):
+                        job.keep(record)
+                        done.append(True)
+                    else:
+                        done.append(False)
+                    continue
+                written = self._take_range(job, record)
+                if written is not None:
+                    job.keep(written)
+                done.append(False if written is None else written.ticks)
         return done
 
-    def _take_range(self, job: _JobState, first: datetime, last: datetime, ticks: int) -> bool:
-        """Insert a range of missed ticks unless a record of the job lies in its span."""
-        first_key, last_key = first.timestamp(), last.timestamp()
-        if job.has_record_within(first_key, last_key):
-            return False
-        for key in (first_key, last_key):
-            job.claimed.insert(bisect_left(job.claimed, key), key)
-        job.ranges[first_key] = (last_key, ticks)
-        if job.last_tick is None or last > job.last_tick:
-            job.last_tick = last
-        return True
+    def _take_range(self, job: _JobState, record: RunRecord) -> RunRecord | None:
+        """Insert a range of missed ticks, keyed by its first start with no row and standing
+        for the ticks of its span without rows of their own, unless another range lies in
+        its span; the record written."""
+        assert record.through is not None
+        first_key, last_key = record.scheduled_at.timestamp(), record.through.timestamp()
+        if job.has_range_within(first_key, last_key):
+            return None
+        claimed = job.claimed
+        for start in record.starts or (record.scheduled_at,):
+            key = start.timestamp()
+            at = bisect_left(claimed, key)
+            if at == len(claimed) or claimed[at] != key:
+                break
+        else:
+            return None  # every start has a row: where the range would begin is unknown
+        ticks = record.ticks - job.ticks_held_within(first_key, last_key)
+        for end in (key, last_key):
+            claimed.insert(bisect_left(claimed, end), end)
+        job.ranges[key] = (last_key, ticks)
+        if job.last_tick is None or record.through > job.last_tick:
+            job.last_tick = record.through
+        return record._replace(scheduled_at=start, ticks=ticks)
 
     def clock_offset(self) -> timedelta | None:
         return None  # the processes share this host's clock

@@ -63,6 +63,10 @@ class ClaimTokens:
         for tick in ticks:
             self._by_tick.pop(tick, None)
 
+    def within(self, job: str, first: datetime, last: datetime) -> list[datetime]:
+        """The remembered ticks of ``job`` from ``first`` through ``last``."""
+        return sorted(tick for name, tick in self._by_tick if name == job and first <= tick <= last)
+
     def tokens(self) -> list[uuid.UUID]:
         return sorted(set(self._by_tick.values()), key=str)
 

@@ -178,7 +178,7 @@ class OutcomeWrites:
             if ok:
                 journal.ended(record)
 
-    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         await self._housekeeper.admit()
         if any(record.through is not None for record in records):
             return await self._record_ranges(records)
@@ -201,7 +201,7 @@ class OutcomeWrites:
         found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
         # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
         # something else or nothing (somebody has it): not recorded.
-        answers: list[bool | None] = [
+        answers: list[int | None] = [
             None if (what := found.get(key)) == "early" else what == "recorded" for key in ticks
         ]
         for record, answer in zip(unique, answers, strict=True):
@@ -209,10 +209,12 @@ class OutcomeWrites:
                 self._housekeeper.server.journal.ended(record)
         return answer_each(records, answers, where, unrecorded_repeat)
 
-    async def _record_ranges(self, records: Sequence[RunRecord]) -> list[bool | None]:
+    async def _record_ranges(self, records: Sequence[RunRecord]) -> list[int | None]:
         """Ranges of missed ticks, each in one row, in a statement of their own before the
         ticks' own records (those inside a range just recorded are then refused)."""
         ranges = [r for r in records if r.through is not None]
+        starts = [(place, start) for place, r in enumerate(ranges, 1)
+                  for start in r.starts or (r.scheduled_at,)]  # fmt: skip
         rows = await self._fetch(
             "record_missed_ranges",
             retry=True,  # a first try's range, found in the span, refuses the retry's
@@ -221,17 +223,33 @@ class OutcomeWrites:
             lasts=[r.through for r in ranges],
             counts=[r.ticks for r in ranges],
             errors=[r.error for r in ranges],
+            starts_of=[place for place, _ in starts],
+            starts=[start for _, start in starts],
             replica=self.replica_id,
         )
-        recorded = {(job, tick.astimezone(UTC)) for job, tick in rows}
-        ticks = [r for r in records if r.through is None]
-        answers = iter(await self.record_unclaimed(ticks) if ticks else [])
-        found: list[bool | None] = []
+        written: dict[int, int] = dict(rows)
+        # This replica's claims in a span whose answers were lost: their rows (if the claims
+        # were committed) are those ticks' records, none of the range's. Recorded missed
+        # with it, by their tokens, rather than left open for a janitor to call abandoned.
+        lost = [
+            (place, r._replace(scheduled_at=tick, through=None, ticks=1, starts=()))
+            for place, r in enumerate(ranges, 1)
+            if r.through is not None
+            for tick in self._tokens.within(r.job, r.scheduled_at, r.through)
+        ]
+        ticks = [r for r in records if r.through is None] + [record for _, record in lost]
+        answers = await self.record_unclaimed(ticks) if ticks else []
+        for (place, _), closed in zip(lost, answers[len(ticks) - len(lost) :], strict=True):
+            if closed:
+                written[place] = written.get(place, 0) + 1
+        told = iter(answers)
+        places = iter(range(1, len(ranges) + 1))
+        found: list[int | None] = []
         for record in records:
             if record.through is None:
-                found.append(next(answers))
+                found.append(next(told))
             else:
-                found.append((record.job, record.scheduled_at.astimezone(UTC)) in recorded)
+                found.append(written.get(next(places), False))
         return found
 
     async def _last_writes(self) -> None:

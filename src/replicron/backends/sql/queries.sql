@@ -136,22 +136,31 @@ WHERE NOT EXISTS (  -- a tick inside a range of missed ticks has its record ther
 )
 ON CONFLICT (job, scheduled_at) DO NOTHING;
 
+-- name: range_within
+-- Whether a range of missed ticks of the job lies (partly) in :tick through :through.
+SELECT 1 FROM replicron_runs
+WHERE job = :job AND scheduled_through IS NOT NULL
+  AND scheduled_at <= :through AND scheduled_through >= :tick
+LIMIT 1;
+
+-- name: row_at
+-- Whether the job has a row keyed :tick.
+SELECT 1 FROM replicron_runs WHERE job = :job AND scheduled_at = :tick;
+
+-- name: ticks_held_within
+-- How many ticks of the job in :tick through :through have rows of their own (manual runs
+-- lie off the job's ticks).
+SELECT count(*) FROM replicron_runs
+WHERE job = :job AND scheduled_at BETWEEN :tick AND :through AND manual = 0
+  AND scheduled_through IS NULL;
+
 -- name: insert_missed_range
--- Missed ticks :tick through :through (:ticks of them) in one row keyed by the first, unless
--- any record of the job lies in that span: a tick's row, or another range reaching into it
--- (manual runs are not ticks: they lie off the job's ticks).
+-- Missed ticks through :through, :ticks of them, in one row keyed :tick (the caller checked
+-- that no range lies in the span, in the same transaction).
 INSERT INTO replicron_runs
     (job, scheduled_at, scheduled_through, ticks, replica_id, pid, claimed_at, finished_at,
      outcome, error)
-SELECT :job, :tick, :through, :ticks, :replica, :pid, :now, :now, 'missed', :error
-WHERE NOT EXISTS (
-    SELECT 1 FROM replicron_runs run
-    WHERE run.job = :job AND run.scheduled_at BETWEEN :tick AND :through AND run.manual = 0
-) AND NOT EXISTS (
-    SELECT 1 FROM replicron_runs missed
-    WHERE missed.job = :job AND missed.scheduled_through >= :tick
-      AND missed.scheduled_at < :tick AND missed.scheduled_through IS NOT NULL
-)
+VALUES (:job, :tick, :through, :ticks, :replica, :pid, :now, :now, 'missed', :error)
 ON CONFLICT (job, scheduled_at) DO NOTHING;
 
 -- name: last_tick

@@ -287,37 +287,56 @@ WHERE scheduled_at > session.recordable_until;
 
 -- name: record_missed_ranges
 -- Record missed, in one row each, ranges of ticks nobody ran: :firsts through :lasts, :counts
--- ticks each, keyed by the first tick; a range is not recorded if any record of its job lies in
--- its span (a tick's row, or another range reaching into it): those ticks are somebody else's.
--- Returns the ranges recorded, by their first tick.
+-- ticks each. Ticks of a span that have rows of their own keep them: the range stands for
+-- the others (its count excludes those rows) and is keyed by the first of its :starts (the
+-- span's first ticks, tagged with the range's place in the arrays by :starts_of) that has
+-- no row. A range is not recorded if another range lies in its span (those ticks are
+-- somebody else's; two replicas writing one span end with one range, by its key) or if
+-- every one of its starts has a row. Returns each range recorded: its place in the arrays
+-- and how many ticks it stands for.
 WITH request AS MATERIALIZED (
     SELECT *
     FROM unnest(%(jobs)s::text[], %(firsts)s::timestamptz[], %(lasts)s::timestamptz[],
                 %(counts)s::int[], %(errors)s::text[])
-        AS r(job, scheduled_at, scheduled_through, ticks, error)
+        WITH ORDINALITY AS r(job, scheduled_at, scheduled_through, ticks, error, place)
+), start AS (
+    SELECT * FROM unnest(%(starts_of)s::bigint[], %(starts)s::timestamptz[]) AS s(place, tick)
+), keyed AS MATERIALIZED (
+    SELECT request.place, request.job, request.scheduled_through, request.error,
+           (SELECT min(start.tick) FROM start
+            WHERE start.place = request.place AND NOT EXISTS (
+                SELECT 1 FROM replicron_runs run
+                WHERE run.namespace = %(namespace)s AND run.job = request.job
+                  AND run.scheduled_at = start.tick)) AS key,
+           request.ticks - (
+               SELECT count(*) FROM replicron_runs run
+               WHERE run.namespace = %(namespace)s AND run.job = request.job
+                 AND run.scheduled_at BETWEEN request.scheduled_at
+                                          AND request.scheduled_through
+                 AND run.scheduled_through IS NULL
+                 AND NOT run.manual  -- manual runs lie off the job's ticks
+           ) AS ticks
+    FROM request
+    WHERE NOT EXISTS (
+        SELECT 1 FROM replicron_runs missed
+        WHERE missed.namespace = %(namespace)s AND missed.job = request.job
+          AND missed.scheduled_at <= request.scheduled_through
+          AND missed.scheduled_through >= request.scheduled_at
+    )
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, scheduled_through, ticks, replica_id, finished_at,
          outcome, error)
-    SELECT %(namespace)s, job, scheduled_at, scheduled_through, ticks, %(replica)s, now(),
+    SELECT %(namespace)s, job, key, scheduled_through, ticks, %(replica)s, now(),
            'missed', error
-    FROM request
-    WHERE NOT EXISTS (
-        SELECT 1 FROM replicron_runs run
-        WHERE run.namespace = %(namespace)s AND run.job = request.job
-          AND run.scheduled_at BETWEEN request.scheduled_at AND request.scheduled_through
-          AND NOT run.manual  -- manual runs lie off the job's ticks
-    ) AND NOT EXISTS (
-        SELECT 1 FROM replicron_runs missed
-        WHERE missed.namespace = %(namespace)s AND missed.job = request.job
-          AND missed.scheduled_through >= request.scheduled_at
-          AND missed.scheduled_at < request.scheduled_at
-    )
-    ORDER BY job, scheduled_at  -- the claims' order (see claim)
+    FROM keyed
+    WHERE key IS NOT NULL
+    ORDER BY job, key  -- the claims' order (see claim)
     ON CONFLICT (namespace, job, scheduled_at) DO NOTHING
-    RETURNING job, scheduled_at
+    RETURNING job, scheduled_at, ticks
 )
-SELECT job, scheduled_at FROM inserted;
+SELECT keyed.place, inserted.ticks
+FROM inserted JOIN keyed ON keyed.job = inserted.job AND keyed.key = inserted.scheduled_at;
 
 -- name: close_lost_claims
 -- At shutdown: rows this replica inserted with claims whose answers were lost (it never ran
