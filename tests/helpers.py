@@ -15,7 +15,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from replicron import Listener, MemoryBackend, Outcome, RunEvent, current_run
+from replicron import (
+    EmbeddedBackend,
+    Listener,
+    MemoryBackend,
+    Outcome,
+    RunEvent,
+    Scheduler,
+    current_run,
+    every,
+)
 from replicron.backends.base import Claim, ClaimRequest, RunRecord
 from replicron.backends.embedded import LEDGER_NAME
 from replicron.cluster import ClusterStatus
@@ -244,6 +253,23 @@ def embedded_rows(state_dir: Path, job: str) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+def ran_once_then_down(
+    state_dir: Path, start: datetime, down: timedelta, job: str = "fast"
+) -> tuple[FakeClock, datetime]:
+    """A per-second ``job`` on an embedded ledger ran its first tick after ``start``, then no
+    replica was up for ``down``: the clock, now at the end of that, and the first tick."""
+    clock = FakeClock(start)
+    first_tick = clock.now() + timedelta(seconds=1)
+    with Scheduler(clock=clock, backend=EmbeddedBackend(state_dir)) as first:
+        ran = Recorder()
+        first.add_listener(ran)
+        first.add_job(every(seconds=1), noop, name=job)
+        step(clock, first_tick)
+        ran.wait_count("after_success", 1)
+    clock.set(first_tick + down)  # the ticks after the first fell due meanwhile
+    return clock, first_tick
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,26 +10,14 @@ from pathlib import Path
 
 from replicron import EmbeddedBackend, Outcome, Scheduler, every
 from replicron.context import current_run
-from replicron.testing import FakeClock
-from tests.helpers import Gate, Recorder, embedded_rows, step
+from tests.helpers import Gate, Recorder, embedded_rows, ran_once_then_down
 
 SECOND = timedelta(seconds=1)
 GAP = timedelta(minutes=10)
 
 
-def ran_once_then_down(state_dir: Path) -> tuple[FakeClock, datetime]:
-    """A per-second job ran its first tick, then no replica was up for ``GAP``: the clock,
-    and that first tick."""
-    clock = FakeClock(datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1))
-    first_tick = clock.now() + SECOND
-    with Scheduler(clock=clock, backend=EmbeddedBackend(state_dir)) as first:
-        ran = Recorder()
-        first.add_listener(ran)
-        first.add_job(every(seconds=1), lambda: None, name="fast")
-        step(clock, first_tick)
-        ran.wait_count("after_success", 1)
-    clock.set(first_tick + GAP)  # the 600 ticks after the first fell due meanwhile
-    return clock, first_tick
+def an_hour_ago() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 
 
 def one_record_each(state_dir: Path, first_tick: datetime) -> list[dict[str, object]]:
@@ -46,7 +34,7 @@ def one_record_each(state_dir: Path, first_tick: datetime) -> list[dict[str, obj
 def test_a_stop_in_the_middle_of_a_backlog_leaves_every_tick_of_the_gap_one_record(
     tmp_path: Path,
 ) -> None:
-    clock, first_tick = ran_once_then_down(tmp_path)
+    clock, first_tick = ran_once_then_down(tmp_path, an_hour_ago(), GAP)
     gate = Gate()
     gate.release.set()
 
@@ -69,7 +57,7 @@ def test_a_stop_in_the_middle_of_a_backlog_leaves_every_tick_of_the_gap_one_reco
 
 
 def test_a_job_removed_in_the_middle_of_its_backlog_runs_no_more_of_it(tmp_path: Path) -> None:
-    clock, first_tick = ran_once_then_down(tmp_path)
+    clock, first_tick = ran_once_then_down(tmp_path, an_hour_ago(), GAP)
     gate = Gate()
     recorder = Recorder()
     with Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path)) as second:

@@ -19,7 +19,7 @@ from replicron.backends import MemoryBackend, Release, RunRecord, memory
 from replicron.backends.base import Claim, ClaimRequest
 from replicron.metrics import ReplicronCollector
 from replicron.testing import FakeClock
-from tests.helpers import Recorder, step
+from tests.helpers import Recorder, ran_once_then_down, step
 
 SECOND = timedelta(seconds=1)
 DOWN = timedelta(hours=2)
@@ -34,15 +34,7 @@ def a_while_ago() -> datetime:
 def test_a_per_second_job_two_hours_behind_counts_every_missed_tick_and_warns_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = FakeClock(a_while_ago())
-    first_tick = clock.now() + SECOND
-    with Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path)) as first:
-        ran = Recorder()
-        first.add_listener(ran)
-        first.add_job(every(seconds=1), lambda: None, name="fast")
-        step(clock, first_tick)
-        ran.wait_count("after_success", 1)
-    clock.set(first_tick + DOWN)  # the ticks of the 2 h after the first fell due meanwhile
+    clock, first_tick = ran_once_then_down(tmp_path, a_while_ago(), DOWN)
 
     caplog.set_level(logging.INFO, logger="replicron")
     second = Scheduler(clock=clock, backend=EmbeddedBackend(tmp_path))
