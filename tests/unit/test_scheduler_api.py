@@ -182,13 +182,14 @@ def test_an_async_stop_that_waits_is_cut_short_by_one_that_does_not() -> None:
 def test_a_run_knows_why_it_was_told_to_stop(clock: FakeClock, recorder: Recorder) -> None:
     backend = LosingBackend()
     seen: dict[str, tuple[CancelReason | None, str | None]] = {}
-    started = threading.Event()
+    started, told = threading.Event(), threading.Event()
 
     def waits() -> None:
         run = current_run()
         started.set()
         run.cancelled.wait(30)
         seen[run.job_name] = (run.cancel_reason, run.cancel_detail)
+        told.set()
 
     s = Scheduler(clock=clock, backend=backend, listeners=[recorder], stop_timeout=0)
     s.add_job(every(seconds=10), waits, name="timed", timeout=5)
@@ -198,6 +199,7 @@ def test_a_run_knows_why_it_was_told_to_stop(clock: FakeClock, recorder: Recorde
         assert started.wait(10)  # on its thread: a run cut off before that is not called
         clock.set(START + timedelta(seconds=15))
         recorder.wait_count("on_timeout", 1)
+        assert told.wait(10)  # its thread read why, before another run's lock is lost
         s.remove_job("timed")
         s.add_job(every(seconds=100), waits, name="lost")
         started.clear()
