@@ -511,6 +511,36 @@ def test_janitor_abandons_open_ticks_whose_heartbeat_is_stale(dsn: str) -> None:
     asyncio.run(main())
 
 
+def test_a_written_off_run_ends_where_its_lease_ended_not_when_the_janitor_came(
+    dsn: str,
+) -> None:
+    """A run's holder stops it within stale_after of its last heartbeat, and no other run of
+    the job may start before then: the janitor, however late it comes, stamps that instant
+    (as row lease stamps lease_until), so the ledger never shows a takeover overlapping it."""
+
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=20, stale_after=60) as a:
+            lost = await claim(a, "cleanup", 1, lock=True)
+            sql(dsn, "SELECT pg_terminate_backend(%s, 10000)", [session_pid(dsn, "replica-a")])
+            sql(
+                dsn,
+                "UPDATE replicron_runs SET heartbeat_at = now() - interval '10 minutes'"
+                " WHERE run_id = %s",
+                [lost.run_id],
+            )
+            async with opened(dsn, "replica-b", heartbeat_interval=20, stale_after=60) as b:
+                await b._housekeeper.janitor()
+            [(outcome, finished, lease_end)] = sql(
+                dsn,
+                "SELECT outcome, finished_at, heartbeat_at + interval '60 seconds'"
+                " FROM replicron_runs WHERE run_id = %s",
+                [lost.run_id],
+            )
+            assert (outcome, finished) == ("abandoned", lease_end)
+
+    asyncio.run(main())
+
+
 def test_a_running_row_with_a_fresh_heartbeat_blocks_the_lock(dsn: str) -> None:
     """A run whose replica lost its lock may still be going: its row keeps the job closed
     although the advisory lock is free, until the row is finished or goes stale."""

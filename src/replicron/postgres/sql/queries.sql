@@ -472,8 +472,11 @@ CROSS JOIN LATERAL (
 -- Janitor: open ticks of replicas that stopped heartbeating are recorded abandoned, unless the
 -- run's job lock is still held by the server session that claimed it (a frozen process whose
 -- session lives: its run may go on, so nobody may start the job, and it is not over).
+-- finished_at is where the run's lease ended (its last heartbeat + stale_after), as in row
+-- lease: no other run of the job can have started before it, however late the janitor runs.
 UPDATE replicron_runs run
-SET outcome = 'abandoned', finished_at = now(),
+SET outcome = 'abandoned',
+    finished_at = coalesce(heartbeat_at, claimed_at) + %(stale_after)s::interval,
     error = 'replica ' || replica_id || ' stopped heartbeating'
 WHERE namespace = %(namespace)s AND outcome IS NULL
   AND coalesce(heartbeat_at, claimed_at) < now() - %(stale_after)s::interval
