@@ -57,8 +57,9 @@ async def prune_cost(server: Server, jobs: int, instants: int, passes: int) -> d
         retention = datetime.now(UTC) - (first + timedelta(minutes=instants // 2))
         with server.connect(db) as conn:
             t0 = time.perf_counter()
-            conn.execute(FILL, {"replica": REPLICA, "instants": instants, "first": first,
-                                "jobs": jobs})  # fmt: skip
+            conn.execute(
+                FILL, {"replica": REPLICA, "instants": instants, "first": first, "jobs": jobs}
+            )
             conn.execute("VACUUM ANALYZE replicron_runs")
             progress(f"  {jobs * instants:,} rows written in {time.perf_counter() - t0:.0f} s")
             backend = PostgresBackend(url, heartbeat_interval=200.0, migrate=False)
@@ -68,9 +69,12 @@ async def prune_cost(server: Server, jobs: int, instants: int, passes: int) -> d
 
                 params = {"namespace": "", "retention": retention, "batch": 1000}
                 with conn.transaction(force_rollback=True):
-                    plan = [str(row[0]) for row in conn.execute(
-                        "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + queries()["prune"], params
-                    )]  # fmt: skip
+                    plan = [
+                        str(row[0])
+                        for row in conn.execute(
+                            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + queries()["prune"], params
+                        )
+                    ]
                 seconds, deleted, wal = [], [], 0
                 for _ in range(passes):
                     t0, wal0 = time.perf_counter(), lsn(conn)
@@ -81,11 +85,14 @@ async def prune_cost(server: Server, jobs: int, instants: int, passes: int) -> d
             finally:
                 await backend.close()
         return {
-            "jobs": jobs, "instants": instants,
-            "rows": jobs * instants, "seconds": seconds, "deleted": deleted,
+            "jobs": jobs,
+            "instants": instants,
+            "rows": jobs * instants,
+            "seconds": seconds,
+            "deleted": deleted,
             "wal_per_row": wal / max(1, sum(deleted)),
             "plan": [line for line in plan if any(word in line for word in PLAN_WORDS)],
-        }  # fmt: skip
+        }
     finally:
         drop_database(server, db)
 
@@ -102,9 +109,13 @@ def lock_slots(server: Server) -> dict[str, dict[str, int]]:
             restart(server, {"max_connections": str(connections)})
         with server.connect(server.monitor_db) as conn:
             names = (
-                "max_locks_per_transaction", "max_connections", "autovacuum_max_workers",
-                "max_worker_processes", "max_wal_senders", "max_prepared_transactions",
-            )  # fmt: skip
+                "max_locks_per_transaction",
+                "max_connections",
+                "autovacuum_max_workers",
+                "max_worker_processes",
+                "max_wal_senders",
+                "max_prepared_transactions",
+            )
             s = {n: int(one(conn, f"SELECT current_setting('{n}')")) for n in names}
             backends = sum(s[n] for n in names[1:]) + 1  # + the autovacuum launcher
             found = {**s, "predicted": s["max_locks_per_transaction"] * backends}
@@ -136,7 +147,19 @@ def restart(server: Server, settings: dict[str, str]) -> None:
     workdir = server.own_cluster
     bindir = Path((workdir / "bindir").read_text().strip())
     data = workdir / "data"
-    temp_postgres.run(temp_postgres.server_user(), workdir, bindir / "pg_ctl", "-D", data,
-                      "-l", workdir / "postgres.log", "-m", "fast", "-w", "-t", "60",
-                      "restart")  # fmt: skip
+    temp_postgres.run(
+        temp_postgres.server_user(),
+        workdir,
+        bindir / "pg_ctl",
+        "-D",
+        data,
+        "-l",
+        workdir / "postgres.log",
+        "-m",
+        "fast",
+        "-w",
+        "-t",
+        "60",
+        "restart",
+    )
     server.postmaster_pid = int((data / "postmaster.pid").read_text().split()[0])

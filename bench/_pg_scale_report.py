@@ -339,8 +339,10 @@ def plot(results: dict[Key, Result], path: Path, subtitle: str = "") -> str:
         ("600 jobs", [("replicron", 600, every), ("apscheduler4", 600, every)]),
         ("replicron, N jobs", [("replicron", n, every) for n in (100, 600, 2000)]),
     ]
-    panels = [(title, [k for k in keys if results.get(k) and results[k].lateness_ms])
-              for title, keys in panels]  # fmt: skip
+    panels = [
+        (title, [k for k in keys if results.get(k) and results[k].lateness_ms])
+        for title, keys in panels
+    ]
     panels = [(title, keys) for title, keys in panels if keys]
     if not panels:
         return "plot skipped: no runs to plot"

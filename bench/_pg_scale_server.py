@@ -84,18 +84,42 @@ def start_cluster() -> Server:
         os.chown(workdir, user.pw_uid, user.pw_gid)
     server = Server({}, "postgres", "postgres", workdir)
     data = workdir / "data"
-    temp_postgres.run(user, workdir, bindir / "initdb", "-D", data, "-U", "postgres",
-                      "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")  # fmt: skip
+    temp_postgres.run(
+        user,
+        workdir,
+        bindir / "initdb",
+        "-D",
+        data,
+        "-U",
+        "postgres",
+        "-A",
+        "trust",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-sync",
+    )
     with (data / "postgresql.conf").open("a") as conf:
         conf.write("\n# bench/pg_scale.py\n")
         conf.writelines(f"{key} = {value}\n" for key, value in CLUSTER_SETTINGS.items())
     for attempt in range(3):
         port = temp_postgres.free_port()
         try:
-            temp_postgres.run(user, workdir, bindir / "pg_ctl", "-D", data,
-                              "-l", workdir / "postgres.log",
-                              "-o", f"-p {port} -h 127.0.0.1 -k '{workdir}'",
-                              "-w", "-t", "60", "start")  # fmt: skip
+            temp_postgres.run(
+                user,
+                workdir,
+                bindir / "pg_ctl",
+                "-D",
+                data,
+                "-l",
+                workdir / "postgres.log",
+                "-o",
+                f"-p {port} -h 127.0.0.1 -k '{workdir}'",
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
             break
         except subprocess.CalledProcessError:
             if attempt == 2:
@@ -195,8 +219,16 @@ def busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-DB_COUNTERS = ("xact_commit", "xact_rollback", "tup_returned", "tup_fetched", "tup_inserted",
-               "tup_updated", "tup_deleted", "deadlocks")  # fmt: skip
+DB_COUNTERS = (
+    "xact_commit",
+    "xact_rollback",
+    "tup_returned",
+    "tup_fetched",
+    "tup_inserted",
+    "tup_updated",
+    "tup_deleted",
+    "deadlocks",
+)
 
 
 @dataclass

@@ -304,9 +304,16 @@ def children_cpu() -> float:
 
 def run_child(library: str, scenario: str, jobs: int, seconds: float) -> Result:
     command = [
-        sys.executable, os.path.abspath(__file__), "--child", library, scenario,
-        "--jobs", str(jobs), "--seconds", str(seconds),
-    ]  # fmt: skip
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        library,
+        scenario,
+        "--jobs",
+        str(jobs),
+        "--seconds",
+        str(seconds),
+    ]
     print(
         f"  {library:<11} {scenario:<8} {jobs:>7,} jobs ...", end=" ", flush=True, file=sys.stderr
     )

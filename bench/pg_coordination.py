@@ -120,10 +120,18 @@ async def claim_rate(dsn: str, batch: int, total: int) -> float:
         ]
         claims = await backend.claim(requests)
         ended = [
-            RunRecord(c.job, c.scheduled_at, replicron.Outcome.SUCCEEDED, "bench", c.run_id,
-                      None, None, None)
+            RunRecord(
+                c.job,
+                c.scheduled_at,
+                replicron.Outcome.SUCCEEDED,
+                "bench",
+                c.run_id,
+                None,
+                None,
+                None,
+            )
             for c in claims
-        ]  # fmt: skip
+        ]
         await backend.release([Release(record, False) for record in ended])
     elapsed = time.perf_counter() - started
     await backend.close()
@@ -150,8 +158,10 @@ def main() -> int:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
-    print(f"3 replicas, {JOBS} async jobs every {PERIOD:g} s taking {TASK_SECONDS:g} s, "
-          f"{WINDOW:g} s window")  # fmt: skip
+    print(
+        f"3 replicas, {JOBS} async jobs every {PERIOD:g} s taking {TASK_SECONDS:g} s, "
+        f"{WINDOW:g} s window"
+    )
     for key, value in result.items():
         print(f"  {key:32} {value:10.2f}")
     print("claim + release on loopback (one handle)")

@@ -126,11 +126,13 @@ def watch(conn: Conn, db: str, first: int, end: int, period: int, m: Measured) -
     seen: Counter[str] = Counter()
     instant, peak = first, 0
     m.session_pids = [
-        int(pid) for (pid,) in conn.execute(
+        int(pid)
+        for (pid,) in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s"
-            " AND application_name LIKE 'replicron %%'", [db],
+            " AND application_name LIKE 'replicron %%'",
+            [db],
         )
-    ]  # fmt: skip
+    ]
     while time.time() < end - 0.5:
         now = time.time()
         if instant - 0.3 <= now < instant + 0.7:
@@ -149,9 +151,13 @@ def watch(conn: Conn, db: str, first: int, end: int, period: int, m: Measured) -
 
 
 def account(
-    m: Measured, server: Server, before: Snapshot, after: Snapshot,
-    wal0: tuple[int, int, float], wal1: tuple[int, int, float],
-) -> None:  # fmt: skip
+    m: Measured,
+    server: Server,
+    before: Snapshot,
+    after: Snapshot,
+    wal0: tuple[int, int, float],
+    wal1: tuple[int, int, float],
+) -> None:
     window = m.window = after.at - before.at
     names = statement_names()
     for queryid, (calls, rows, ms, text) in after.statements.items():
@@ -173,8 +179,9 @@ def account(
     spent = server_spent(server, before, after)
     monitor = wal1[2] - wal0[2]
     own = after.own_cpu - before.own_cpu
-    sessions = sum(after.server_cpu.get(pid, 0.0) - before.server_cpu.get(pid, 0.0)
-                   for pid in m.session_pids)  # fmt: skip
+    sessions = sum(
+        after.server_cpu.get(pid, 0.0) - before.server_cpu.get(pid, 0.0) for pid in m.session_pids
+    )
     m.cpu = {
         "server": (spent - monitor) / window,
         "sessions": sessions / window,
@@ -218,8 +225,9 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
     try:
         if args.pgbouncer:
             params = server.params
-            bouncer = PgBouncer(str(params.get("host", "127.0.0.1")),
-                                int(params.get("port", 5432)), args.pgbouncer)  # fmt: skip
+            bouncer = PgBouncer(
+                str(params.get("host", "127.0.0.1")), int(params.get("port", 5432)), args.pgbouncer
+            )
             bouncer.start()
             progress(f"pgbouncer (transaction mode, {args.pgbouncer} server connections) started")
         replica_url = url if bouncer is None else bouncer.url(db)
@@ -228,11 +236,23 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
         for i in range(args.replicas):
             rid = f"r{i + 1:02d}"
             command = [
-                sys.executable, str(REPLICA), "--dsn", replica_url, "--replica-id", rid,
-                "--jobs", str(args.jobs), "--period", str(args.period),
-                "--task-ms", str(args.task_ms), "--out", str(rundir / f"{rid}.json"),
-                "--coordination", args.coordination,
-            ]  # fmt: skip
+                sys.executable,
+                str(REPLICA),
+                "--dsn",
+                replica_url,
+                "--replica-id",
+                rid,
+                "--jobs",
+                str(args.jobs),
+                "--period",
+                str(args.period),
+                "--task-ms",
+                str(args.task_ms),
+                "--out",
+                str(rundir / f"{rid}.json"),
+                "--coordination",
+                args.coordination,
+            ]
             replicas.append(Replica(command, rid, rundir / f"{rid}.json"))
         deadline = time.monotonic() + READY_TIMEOUT
         for replica in replicas:
@@ -273,9 +293,13 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
 def render(m: Measured, args: argparse.Namespace) -> str:
     # The server shares this machine's cores; the ledger is new: nothing is past retention.
     fleet = scale_model.Fleet(
-        replicas=args.replicas, jobs=args.jobs, period=args.period, task_s=args.task_ms / 1000,
-        server_cores=os.cpu_count() or 1, pruning=False,
-    )  # fmt: skip
+        replicas=args.replicas,
+        jobs=args.jobs,
+        period=args.period,
+        task_s=args.task_ms / 1000,
+        server_cores=os.cpu_count() or 1,
+        pruning=False,
+    )
     model = scale_model.model(fleet, scale_model.costs(args.inputs))
     s = m.statements
     prefix = "lease_" if args.coordination == "lease" else ""  # lease mode's statements
@@ -317,14 +341,21 @@ def render(m: Measured, args: argparse.Namespace) -> str:
     row("full-page images/s", m.fpi_per_s, None)
     row("server CPU, cores", m.cpu["server"], "server_cores", 3)
     row("  of which the replicas' sessions", m.cpu["sessions"], "server_cores", 3)
-    row("replica CPU per instant, ms", m.cpu["replicas"] * args.period / args.replicas * 1e3,
-        "replica_cpu_ms")  # fmt: skip
+    row(
+        "replica CPU per instant, ms",
+        m.cpu["replicas"] * args.period / args.replicas * 1e3,
+        "replica_cpu_ms",
+    )
     sessions = sum(n for name, n in m.connections.items() if name in m.share)
     row("lock sessions, all replicas (most seen)", sessions, "connections", 0)
     if args.pgbouncer:  # the pooler's server connections, whatever their application name
         row("server connections at once (most seen)", m.server_connections, None, 0)
-    row("advisory locks at a burst's peak (median)", statistics.median(m.peak_locks or [0]),
-        "peak_locks", 0)  # fmt: skip
+    row(
+        "advisory locks at a burst's peak (median)",
+        statistics.median(m.peak_locks or [0]),
+        "peak_locks",
+        0,
+    )
     row("start lateness p50, ms", quantile(m.lateness_ms, 0.5), "lateness_p50_ms")
     row("start lateness p99, ms", quantile(m.lateness_ms, 0.99), "lateness_p99_ms")
     row("largest share of the runs", max(m.share.values(), default=math.nan), "share_max", 3)
@@ -363,9 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the measured figures here (JSON)")
     parser.add_argument("--coordination", choices=("advisory", "lease"), default="advisory")
     parser.add_argument(
-        "--pgbouncer", type=int, metavar="SERVER_CONNECTIONS",
+        "--pgbouncer",
+        type=int,
+        metavar="SERVER_CONNECTIONS",
         help="replicas connect through pgbouncer in transaction mode (lease mode only)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.pgbouncer and args.coordination != "lease":
         parser.error("--pgbouncer: advisory mode refuses a transaction pooler")

@@ -174,9 +174,15 @@ def chunks(items: list[T], size: int) -> list[list[T]]:
 
 
 async def one_minute(
-    a: PostgresBackend, b: PostgresBackend, meter_a: Meter, meter_b: Meter,
-    tick: datetime, jobs: int, sizes: dict[str, int], tallies: dict[str, Tally],
-) -> None:  # fmt: skip
+    a: PostgresBackend,
+    b: PostgresBackend,
+    meter_a: Meter,
+    meter_b: Meter,
+    tick: datetime,
+    jobs: int,
+    sizes: dict[str, int],
+    tallies: dict[str, Tally],
+) -> None:
     """A claims every job's tick, records each run succeeded; then B finds them taken."""
     requests = [ClaimRequest(job(i), tick, True) for i in range(jobs)]
     claims = []
@@ -185,10 +191,21 @@ async def one_minute(
     assert all(c.run_id is not None and c.locked for c in claims), "A should win every tick"
     started, finished = tick + timedelta(milliseconds=1), tick + timedelta(milliseconds=6)
     releases = [
-        Release(RunRecord(c.job, c.scheduled_at, Outcome.SUCCEEDED, REPLICA_A, c.run_id,
-                          started, finished, None), True)
+        Release(
+            RunRecord(
+                c.job,
+                c.scheduled_at,
+                Outcome.SUCCEEDED,
+                REPLICA_A,
+                c.run_id,
+                started,
+                finished,
+                None,
+            ),
+            True,
+        )
         for c in claims
-    ]  # fmt: skip
+    ]
     for done in chunks(releases, sizes["release"]):
         await meter_a(tallies["release"], len(done), a.release(done))
     for batch in chunks(requests, sizes["claim_taken"]):
@@ -226,9 +243,14 @@ def relation_sizes(conn: Conn, rows: int) -> dict[str, float]:
 
 
 async def full_page_images(
-    a: PostgresBackend, b: PostgresBackend, meters: tuple[Meter, Meter], mon: Conn,
-    minute: datetime, jobs: int, res: Results,
-) -> None:  # fmt: skip
+    a: PostgresBackend,
+    b: PostgresBackend,
+    meters: tuple[Meter, Meter],
+    mon: Conn,
+    minute: datetime,
+    jobs: int,
+    res: Results,
+) -> None:
     """The WAL of a minute right after a checkpoint, beyond that of a minute without one."""
     wal, fpi = [0, 0], [0, 0]
     for checkpoint in (0, 1):
@@ -269,11 +291,11 @@ async def claims_and_outcomes(
                 first = now - timedelta(minutes=instants + 10)
                 for n in range(instants):
                     size = "small" if n % 2 == 0 else "large"
-                    tallies = {k: res.tallies.setdefault(f"{k}/{size}", Tally())
-                               for k in SMALL}  # fmt: skip
+                    tallies = {k: res.tallies.setdefault(f"{k}/{size}", Tally()) for k in SMALL}
                     sizes = SMALL if size == "small" else LARGE
-                    await one_minute(a, b, meter_a, meter_b, first + timedelta(minutes=n),
-                                     jobs, sizes, tallies)  # fmt: skip
+                    await one_minute(
+                        a, b, meter_a, meter_b, first + timedelta(minutes=n), jobs, sizes, tallies
+                    )
                     if analyze and n % 10 == 9:  # as autovacuum's analyze would
                         conn.execute("ANALYZE replicron_runs")
                     if n % 20 == 19:
@@ -326,8 +348,10 @@ def summary(res: Results) -> str:
             f"{f.round_trip_ms_small:.1f} ({n1}), {f.round_trip_ms_large:.1f} ({n2})"
         )
     out.append(f"outcome updates that were HOT: {res.hot_updates:.0%}")
-    out.append(f"after a checkpoint, per job touched: {res.fpi_bytes_per_job:,.0f} WAL bytes, "
-               f"{res.fpi_pages_per_job:.2f} full-page images")  # fmt: skip
+    out.append(
+        f"after a checkpoint, per job touched: {res.fpi_bytes_per_job:,.0f} WAL bytes, "
+        f"{res.fpi_pages_per_job:.2f} full-page images"
+    )
     for when, sizes in res.sizes.items():
         cells = ", ".join(f"{k} {v:.1f}" for k, v in sizes.items())
         out.append(f"bytes per row, {when}: {cells}")
@@ -341,9 +365,11 @@ def summary(res: Results) -> str:
     out.append("abandon_stale ms: " + ", ".join(f"{ms:.1f}" for ms in res.abandon_stale_ms))
     for jobs, p in res.prune.items():
         mean = sum(p["seconds"]) / len(p["seconds"])
-        out.append(f"prune, {int(jobs):,} jobs, {p['rows']:,} rows: {mean:.2f} s a pass "
-                   f"(min {min(p['seconds']):.2f}, max {max(p['seconds']):.2f}), "
-                   f"deleting {p['deleted']}, {p['wal_per_row']:.0f} WAL B/row")  # fmt: skip
+        out.append(
+            f"prune, {int(jobs):,} jobs, {p['rows']:,} rows: {mean:.2f} s a pass "
+            f"(min {min(p['seconds']):.2f}, max {max(p['seconds']):.2f}), "
+            f"deleting {p['deleted']}, {p['wal_per_row']:.0f} WAL B/row"
+        )
         out.extend(f"    {line}" for line in p["plan"])
     for connections, slots in res.lock_slots.items():
         out.append(

@@ -140,8 +140,9 @@ def aps_python() -> Path:
     progress(f"making {APS_VENV.relative_to(ROOT)}: {' '.join(APS_REQUIREMENTS)} ...")
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--clear", str(APS_VENV)], check=True, timeout=300)
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *APS_REQUIREMENTS],
-                   check=True, timeout=900)  # fmt: skip
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", *APS_REQUIREMENTS], check=True, timeout=900
+    )
     subprocess.run(check, check=True, timeout=60)
     return python
 
@@ -158,9 +159,13 @@ class Replica:
         self.replica_id, self.out, self.log = replica_id, out, out.with_suffix(".log")
         with self.log.open("w") as stderr:
             self.proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                text=True, start_new_session=True,  # Ctrl-C reaches this process only
-            )  # fmt: skip
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,  # Ctrl-C reaches this process only
+            )
         Replica.live.append(self)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -215,11 +220,27 @@ def start_replica(
     name = f"{plan.library}-{plan.jobs}-{plan.schedule}-{replica_id}-{generation}"
     out = rundir / f"{name}.json"
     command = [
-        str(python), str(REPLICA), "--library", plan.library, "--dsn", url,
-        "--replica-id", replica_id, "--jobs", str(plan.jobs), "--schedule", schedule,
-        "--minute", str(minute), "--anchor", str(anchor), "--task-ms", str(plan.task_ms),
-        "--out", str(out),
-    ]  # fmt: skip
+        str(python),
+        str(REPLICA),
+        "--library",
+        plan.library,
+        "--dsn",
+        url,
+        "--replica-id",
+        replica_id,
+        "--jobs",
+        str(plan.jobs),
+        "--schedule",
+        schedule,
+        "--minute",
+        str(minute),
+        "--anchor",
+        str(anchor),
+        "--task-ms",
+        str(plan.task_ms),
+        "--out",
+        str(out),
+    ]
     return Replica(command, replica_id, out)
 
 
@@ -309,12 +330,18 @@ def measure(server: Server, plan: Plan, db: str, url: str, rundir: Path, python:
     restarter = None
     if plan.schedule == "rolling":
         restarter = threading.Thread(
-            target=lambda: restarted.extend(restart_in_turn(
-                replicas, first, end,
-                lambda replica_id, gen: start_replica(plan, url, rundir, python, replica_id, gen),
-            )),
+            target=lambda: restarted.extend(
+                restart_in_turn(
+                    replicas,
+                    first,
+                    end,
+                    lambda replica_id, gen: start_replica(
+                        plan, url, rundir, python, replica_id, gen
+                    ),
+                )
+            ),
             daemon=True,
-        )  # fmt: skip
+        )
     with server.connect(server.monitor_db) as conn:
         # The window opens and closes half a second before a tick: it holds the work of the
         # measured ticks (claimed a little ahead of them) and of no others.
@@ -481,9 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="use this server, not a throwaway cluster")
     parser.add_argument("--quick", action="store_true", help="smoke test: short, no APScheduler")
     parser.add_argument(
-        "--rolling-task-ms", type=float, default=ROLLING_TASK_MS,
+        "--rolling-task-ms",
+        type=float,
+        default=ROLLING_TASK_MS,
         help="the rolling restart's task length (ms)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="window of the bursts (s)")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=WARMUP, help="s before each window")

@@ -326,8 +326,12 @@ def model(f: Fleet, c: Costs) -> dict[str, Figure]:
     put("share_min", min(counts) / n, "", "the smallest")
     put("peak_locks", ahead, "locks", "ticks claimed ahead, each with its job's lock")
     slots = f.max_locks_per_transaction * (f.max_connections + f.other_backends)
-    put("lock_slots", slots * o["lock_slack"], "locks",
-        f"locks per transaction x backends x {o['lock_slack']:.2f} (measured)")  # fmt: skip
+    put(
+        "lock_slots",
+        slots * o["lock_slack"],
+        "locks",
+        f"locks per transaction x backends x {o['lock_slack']:.2f} (measured)",
+    )
     put("connections", r, "sessions", "one lock session per replica, +1 probe at connect")
     put("connection_slots", f.max_connections - 3, "sessions", "max_connections - reserved")
     # WAL and the ledger.
@@ -344,8 +348,12 @@ def model(f: Fleet, c: Costs) -> dict[str, Figure]:
     kept = rows_day * f.retention_days
     put("rows_per_day", rows_day, "rows", "")
     put("rows_kept", kept, "rows", f"{f.retention_days:g} days of retention")
-    put("heap_gb", kept * o["heap_live"] * (1 + f.vacuum_scale_factor) / 1e9, "GB",
-        "live rows, and dead ones until autovacuum")  # fmt: skip
+    put(
+        "heap_gb",
+        kept * o["heap_live"] * (1 + f.vacuum_scale_factor) / 1e9,
+        "GB",
+        "live rows, and dead ones until autovacuum",
+    )
     put("heap_gb_written", kept * o["heap_written"] / 1e9, "GB", "as written")
     for name, size in sorted(o["indexes"].items()):
         put(f"index_{name}_gb", kept * size / 1e9, "GB", "")
@@ -360,8 +368,12 @@ def model(f: Fleet, c: Costs) -> dict[str, Figure]:
     deadline = f"deadline {f.statement_timeout_s:g} s"
     put("prune_full_pass_s", f.prune_batch * prune_row, "s", f"catching up; {deadline}")
     dead_per_day = 2 * rows_day  # each row's outcome update, and its delete
-    put("autovacuum_days", f.vacuum_scale_factor * kept / dead_per_day, "days",
-        "between autovacuums of the ledger")  # fmt: skip
+    put(
+        "autovacuum_days",
+        f.vacuum_scale_factor * kept / dead_per_day,
+        "days",
+        "between autovacuums of the ledger",
+    )
     # What gives way: demand over what there is.
     put("use_locks", ahead / (slots * o["lock_slack"]), "", "peak locks / lock table")
     put("use_connections", (r + 1) / (f.max_connections - 3), "", "sessions / slots")
@@ -369,42 +381,97 @@ def model(f: Fleet, c: Costs) -> dict[str, Figure]:
     put("use_burst_cpu", demand, "", "the same in the burst, at an idle server's pace")
     put("use_lead", ahead_done / LEAD_MAX, "", "claims ahead / the longest lead, 100 ms")
     put("use_retention", (n / p) / (r * f.prune_batch / f.janitor_s), "", "deletes due / possible")
-    put("use_prune_deadline", f.prune_batch * prune_row / f.statement_timeout_s, "",
-        "a catching-up pass / its deadline")  # fmt: skip
+    put(
+        "use_prune_deadline",
+        f.prune_batch * prune_row / f.statement_timeout_s,
+        "",
+        "a catching-up pass / its deadline",
+    )
     return out
 
 
 PAGE = 8192
 LEAD_MAX = 0.1  # PostgresBackend.claims_ahead
 SECTIONS = {
-    "statements": ("room", "claims_per_replica_burst", "replica_cpu_ms", "stretch",
-                   "statements_per_s",
-                   "claim_statements_per_s", "release_statements_per_s", "heartbeats_per_s",
-                   "janitor_statements_per_s", "claims_per_s", "tries_per_s",
-                   "conflicts_per_tick"),
-    "server": ("server_cpu_per_instant_s", "server_cores", "storm_cpu_s", "storm_s",
-               "lead_ms", "ahead_cpu_ms", "ahead_done_ms"),
-    "runs, locks, connections": ("lateness_p50_ms", "lateness_p99_ms", "share_max", "share_min",
-                                 "peak_locks", "lock_slots", "connections", "connection_slots"),
-    "WAL and the ledger": ("wal_kb_per_s", "wal_rows_kb_per_s", "fpi_kb_per_s",
-                           "wal_gb_per_day", "rows_per_day", "rows_kept", "heap_gb",
-                           "heap_gb_written", "index_tick_key_gb", "index_pkey_gb",
-                           "index_open_idx_gb", "index_claimed_at_idx_gb", "ledger_gb"),
-    "retention": ("prune_rows_per_pass", "prune_passes_per_min", "prune_capacity",
-                  "prune_row_ms", "prune_pass_s", "prune_full_pass_s", "autovacuum_days"),
-    "what gives way (demand / capacity)": ("use_locks", "use_connections", "use_cpu",
-                                           "use_burst_cpu",
-                                           "use_lead", "use_retention", "use_prune_deadline"),
-}  # fmt: skip
+    "statements": (
+        "room",
+        "claims_per_replica_burst",
+        "replica_cpu_ms",
+        "stretch",
+        "statements_per_s",
+        "claim_statements_per_s",
+        "release_statements_per_s",
+        "heartbeats_per_s",
+        "janitor_statements_per_s",
+        "claims_per_s",
+        "tries_per_s",
+        "conflicts_per_tick",
+    ),
+    "server": (
+        "server_cpu_per_instant_s",
+        "server_cores",
+        "storm_cpu_s",
+        "storm_s",
+        "lead_ms",
+        "ahead_cpu_ms",
+        "ahead_done_ms",
+    ),
+    "runs, locks, connections": (
+        "lateness_p50_ms",
+        "lateness_p99_ms",
+        "share_max",
+        "share_min",
+        "peak_locks",
+        "lock_slots",
+        "connections",
+        "connection_slots",
+    ),
+    "WAL and the ledger": (
+        "wal_kb_per_s",
+        "wal_rows_kb_per_s",
+        "fpi_kb_per_s",
+        "wal_gb_per_day",
+        "rows_per_day",
+        "rows_kept",
+        "heap_gb",
+        "heap_gb_written",
+        "index_tick_key_gb",
+        "index_pkey_gb",
+        "index_open_idx_gb",
+        "index_claimed_at_idx_gb",
+        "ledger_gb",
+    ),
+    "retention": (
+        "prune_rows_per_pass",
+        "prune_passes_per_min",
+        "prune_capacity",
+        "prune_row_ms",
+        "prune_pass_s",
+        "prune_full_pass_s",
+        "autovacuum_days",
+    ),
+    "what gives way (demand / capacity)": (
+        "use_locks",
+        "use_connections",
+        "use_cpu",
+        "use_burst_cpu",
+        "use_lead",
+        "use_retention",
+        "use_prune_deadline",
+    ),
+}
 
 
 def inputs(f: Fleet, c: Costs) -> list[str]:
     """What the figures come from: stated, and measured (MEASURED or --inputs)."""
     o = c.other
-    stated = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                       for k, v in vars(f).items())  # fmt: skip
-    lines = ["inputs", *textwrap.wrap(f"stated: {stated}", 96, initial_indent="  ",
-                                      subsequent_indent="    ")]  # fmt: skip
+    stated = ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in vars(f).items()
+    )
+    lines = [
+        "inputs",
+        *textwrap.wrap(f"stated: {stated}", 96, initial_indent="  ", subsequent_indent="    "),
+    ]
     lines.append(
         "  measured     server us  +us/tick  WAL B/tick  trip ms  +us/tick  client us  +us/tick"
     )
@@ -456,9 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs", type=Path, help="pg_ledger.py --out's JSON")
     args = parser.parse_args(argv)
     fleet = Fleet(
-        replicas=args.replicas, jobs=args.jobs, period=args.period, task_s=args.task_ms / 1000,
-        workers=args.workers, claim_rtt=args.claim_rtt_ms / 1000, server_cores=args.cores,
-    )  # fmt: skip
+        replicas=args.replicas,
+        jobs=args.jobs,
+        period=args.period,
+        task_s=args.task_ms / 1000,
+        workers=args.workers,
+        claim_rtt=args.claim_rtt_ms / 1000,
+        server_cores=args.cores,
+    )
     measured = costs(args.inputs)
     print(render(fleet, measured, model(fleet, measured)))
     return 0

@@ -83,8 +83,21 @@ def start(workdir: Path, owner_pid: int) -> str:
     if user is not None:
         os.chown(workdir, user.pw_uid, user.pw_gid)
     data = workdir / "data"
-    run(user, workdir, bindir / "initdb", "-D", data, "-U", "postgres", "-A", "trust",
-        "-E", "UTF8", "--locale=C", "--no-sync")  # fmt: skip
+    run(
+        user,
+        workdir,
+        bindir / "initdb",
+        "-D",
+        data,
+        "-U",
+        "postgres",
+        "-A",
+        "trust",
+        "-E",
+        "UTF8",
+        "--locale=C",
+        "--no-sync",
+    )
     with (data / "postgresql.conf").open("a") as conf:
         conf.write("\n# a throwaway cluster for replicron's tests (tools/temp_postgres.py)\n")
         conf.writelines(f"{key} = {value}\n" for key, value in SETTINGS.items())
@@ -92,8 +105,21 @@ def start(workdir: Path, owner_pid: int) -> str:
         port = free_port()
         options = f"-p {port} -h 127.0.0.1 -k '{workdir}'"
         try:
-            run(user, workdir, bindir / "pg_ctl", "-D", data, "-l", workdir / "postgres.log",
-                "-o", options, "-w", "-t", "60", "start")  # fmt: skip
+            run(
+                user,
+                workdir,
+                bindir / "pg_ctl",
+                "-D",
+                data,
+                "-l",
+                workdir / "postgres.log",
+                "-o",
+                options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
         except subprocess.CalledProcessError:
             if attempt == PORT_ATTEMPTS:
                 log = workdir / "postgres.log"
@@ -116,8 +142,19 @@ def stop(workdir: Path) -> None:
     if pidfile.exists() and bindir_file.exists():
         bindir = Path(bindir_file.read_text().strip())
         with contextlib.suppress(subprocess.CalledProcessError, OSError, Skip):
-            run(server_user(), workdir, bindir / "pg_ctl", "-D", workdir / "data",
-                "-m", "immediate", "-w", "-t", "30", "stop")  # fmt: skip
+            run(
+                server_user(),
+                workdir,
+                bindir / "pg_ctl",
+                "-D",
+                workdir / "data",
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                "30",
+                "stop",
+            )
     if pidfile.exists():  # pg_ctl could not stop it: the postmaster goes, its children follow
         with contextlib.suppress(ValueError, OSError):
             os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)

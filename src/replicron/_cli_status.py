@@ -45,9 +45,19 @@ def _print_view(status: ClusterStatus, namespaces: dict[str, int], departed: boo
         _print_replicas(status, departed)
         return
     table = [
-        ("JOB", "LAST TICK", "OUTCOME", "REPLICA", "TOOK", "LAST SUCCESS", "RUNNING",
-         "NEXT DUE", "STATE", "MISSED 24H"),
-    ]  # fmt: skip
+        (
+            "JOB",
+            "LAST TICK",
+            "OUTCOME",
+            "REPLICA",
+            "TOOK",
+            "LAST SUCCESS",
+            "RUNNING",
+            "NEXT DUE",
+            "STATE",
+            "MISSED 24H",
+        ),
+    ]
     notes = []
     for view in status.jobs:
         problems = status.job_problems(view)

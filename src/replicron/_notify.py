@@ -329,16 +329,20 @@ class Courier:
             if queue is None:  # no thread serves it: start one
                 queue = self._queues[destination] = _Waiting()
                 threading.Thread(
-                    target=self._work, args=(destination, queue), name="replicron-notifier",
+                    target=self._work,
+                    args=(destination, queue),
+                    name="replicron-notifier",
                     daemon=True,
-                ).start()  # fmt: skip
+                ).start()
             queue.push(delivery)
             self._cond.notify_all()
         if dropped is not None:
             self._logger.warning(
                 "notifier queue full (%d messages): dropped the oldest, %s",
-                self._max_queue, dropped.label, extra=dropped.extra("notify_dropped"),
-            )  # fmt: skip
+                self._max_queue,
+                dropped.label,
+                extra=dropped.extra("notify_dropped"),
+            )
 
     def _make_room(self) -> Delivery | None:
         if sum(map(len, self._queues.values())) < self._max_queue:
@@ -372,8 +376,10 @@ class Courier:
         if left:
             self._logger.warning(
                 "notifier stopped with %d messages undelivered after %.1f s",
-                left, timeout, extra={"event": "notify_dropped"},
-            )  # fmt: skip
+                left,
+                timeout,
+                extra={"event": "notify_dropped"},
+            )
 
     def _work(self, destination: str, queue: _Waiting) -> None:
         while True:
@@ -420,15 +426,20 @@ class Courier:
             if final:
                 self._logger.warning(
                     "notification %s not delivered after %d attempts: %s",
-                    delivery.label, delivery.attempt, reason,
+                    delivery.label,
+                    delivery.attempt,
+                    reason,
                     extra=delivery.extra("notify_failed"),
-                )  # fmt: skip
+                )
             else:
                 self._logger.info(
                     "notification %s failed (attempt %d of %d), retrying: %s",
-                    delivery.label, delivery.attempt - 1, self._attempts, reason,
+                    delivery.label,
+                    delivery.attempt - 1,
+                    self._attempts,
+                    reason,
                     extra=delivery.extra("notify_retry"),
-                )  # fmt: skip
+                )
             return
         with self._cond:
             self.counts.sent += 1

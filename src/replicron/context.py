@@ -54,10 +54,20 @@ class RunContext:
     """
 
     __slots__ = (
-        "_event", "_lease_end", "_on_stop", "_stop", "_stop_by", "cancel_detail",
-        "cancel_reason", "deadline", "job_name", "manual", "replica_id", "run_id",
+        "_event",
+        "_lease_end",
+        "_on_stop",
+        "_stop",
+        "_stop_by",
+        "cancel_detail",
+        "cancel_reason",
+        "deadline",
+        "job_name",
+        "manual",
+        "replica_id",
+        "run_id",
         "scheduled_at",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,

@@ -97,15 +97,50 @@ __all__ = ["DURATION_BUCKETS", "LATENESS_BUCKETS", "NotifierCollector", "Replicr
 
 #: Run durations, from quick HTTP pings to nightly batches.
 DURATION_BUCKETS: tuple[float, ...] = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0,
-)  # fmt: skip
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+)
 #: Lateness: a healthy scheduler starts runs within milliseconds; the long tail is runs
 #: queued for a worker thread or a job's lock, and catch-up after an outage.
 LATENESS_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    14400.0,
+)
 #: Reads missed before the cluster view counts as stale, and the least time that takes: a
 #: read of a busy database may take a while without anything being wrong.
 _STALE_AFTER_READS, _STALE_AFTER_MIN = 3, 15.0
@@ -279,9 +314,17 @@ class ReplicronCollector:
         backend = scheduler.backend
         changes = backend.server_changes if isinstance(backend, ServerChanges) else None
         (
-            runs, duration, lateness, lock_errors, clock_offset, up, last_success, overdue,
-            server_changes, leader,
-        ) = families = self._families()  # fmt: skip
+            runs,
+            duration,
+            lateness,
+            lock_errors,
+            clock_offset,
+            up,
+            last_success,
+            overdue,
+            server_changes,
+            leader,
+        ) = families = self._families()
         leader.add_metric([], 1.0 if running and scheduler.is_leader else 0.0)
         with self._lock:
             # Forgotten at the first scrape after the job's removal: its series go, and a
@@ -409,18 +452,21 @@ class NotifierCollector:
     def collect(self) -> Iterable[Metric]:
         family, counts = self._family(), self._notifier.counts
         for result, count in (
-            ("sent", counts.sent), ("failed", counts.failed),
-            ("dropped", counts.dropped), ("retried", counts.retried),
-        ):  # fmt: skip
+            ("sent", counts.sent),
+            ("failed", counts.failed),
+            ("dropped", counts.dropped),
+            ("retried", counts.retried),
+        ):
             family.add_metric([result], count)
         return [family]
 
     @staticmethod
     def _family() -> CounterMetricFamily:
         return CounterMetricFamily(
-            "replicron_notifications", "Alerts and pings by what became of them",
+            "replicron_notifications",
+            "Alerts and pings by what became of them",
             labels=["result"],
-        )  # fmt: skip
+        )
 
 
 def _check_buckets(what: str, buckets: Sequence[float]) -> tuple[float, ...]:

@@ -79,9 +79,19 @@ DEFAULT_EVENTS = ("failed", "timed_out", "abandoned", "overdue")
 #: The fields of an alert's JSON (all of them unless ``fields`` says fewer); ``text`` is a
 #: line for a person, and what Slack's incoming webhooks show.
 FIELDS = (
-    "event", "job", "tick", "outcome", "error", "replica", "run_id", "duration", "namespace",
-    "manual", "link", "text",
-)  # fmt: skip
+    "event",
+    "job",
+    "tick",
+    "outcome",
+    "error",
+    "replica",
+    "run_id",
+    "duration",
+    "namespace",
+    "manual",
+    "link",
+    "text",
+)
 
 
 class Notifier(Listener):
@@ -236,8 +246,9 @@ class Notifier(Listener):
         if not self._schedulers and (self._tags or "overdue" in self._events):
             _logger.info(
                 "notifier given as a listener: overdue alerts and tag filters need "
-                "notifier.attach(scheduler)", extra={"event": "notify_unattached"},
-            )  # fmt: skip
+                "notifier.attach(scheduler)",
+                extra={"event": "notify_unattached"},
+            )
 
     def on_stopped(self, replica_id: str) -> Awaitable[None] | None:
         self._running.discard(replica_id)

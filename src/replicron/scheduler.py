@@ -187,11 +187,22 @@ class _JobsAPI:
         """
         registry = self._engine.registry
         spec = build_job_spec(
-            trigger, func, args, kwargs, name=name, tags=tags, overlap=overlap,
-            timeout=timeout, start_at=start_at, stop_at=stop_at, max_runs=max_runs,
-            catch_up=catch_up, misfire_grace=misfire_grace, default_tz=registry.timezone,
+            trigger,
+            func,
+            args,
+            kwargs,
+            name=name,
+            tags=tags,
+            overlap=overlap,
+            timeout=timeout,
+            start_at=start_at,
+            stop_at=stop_at,
+            max_runs=max_runs,
+            catch_up=catch_up,
+            misfire_grace=misfire_grace,
+            default_tz=registry.timezone,
             leader=leader,
-        )  # fmt: skip
+        )
         registry.add_job(spec)
         return Job(registry, spec.name)
 

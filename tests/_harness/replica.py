@@ -143,9 +143,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--fence-stale-holders", action="store_true", help="PostgresBackend(fence_stale_holders)"
     )
     parser.add_argument(
-        "--coordination", choices=("advisory", "lease"), default="advisory",
+        "--coordination",
+        choices=("advisory", "lease"),
+        default="advisory",
         help="PostgresBackend(coordination=...)",
-    )  # fmt: skip
+    )
     parser.add_argument("--runs-table", action="store_true", help="runs in acceptance_runs")
     parser.add_argument("--fail-while", type=Path, help="runs fail while this file says fail")
     parser.add_argument("--metrics", action="store_true", help="serve /metrics on a free port")

@@ -19,8 +19,15 @@ __all__ = ["Replicas", "replica_command"]
 def replica_command(replica_id: str, events: Path, options: Mapping[str, object]) -> list[str]:
     """The command line of a replica: ``every_s=1`` is ``--every-s 1``, ``flag=True`` is
     ``--flag``; options that are None or False are left out (the replica's defaults)."""
-    command = [sys.executable, "-m", "tests._harness.replica",
-               "--replica-id", replica_id, "--events", str(events)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tests._harness.replica",
+        "--replica-id",
+        replica_id,
+        "--events",
+        str(events),
+    ]
     for name, value in options.items():
         if value is None or value is False:
             continue
@@ -80,6 +87,9 @@ class Replicas(Processes):
 
     def stopped(self, child: Child) -> dict[str, Any] | None:
         """The "stopped" event of a process, if it wrote one."""
-        found = [e for e in read_events([self.events_path(child.name)])
-                 if e["event"] == "stopped" and e["pid"] == child.pid]  # fmt: skip
+        found = [
+            e
+            for e in read_events([self.events_path(child.name)])
+            if e["event"] == "stopped" and e["pid"] == child.pid
+        ]
         return found[-1] if found else None

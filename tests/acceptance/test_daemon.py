@@ -100,10 +100,17 @@ class Row:
 
 def embedded_ledger(state_dir: Path, job: str) -> list[Row]:
     return [
-        Row(r["run_id"], r["scheduled_at"], r["replica_id"], r["outcome"], r["error"],
-            r["started_at"], r["finished_at"])
+        Row(
+            r["run_id"],
+            r["scheduled_at"],
+            r["replica_id"],
+            r["outcome"],
+            r["error"],
+            r["started_at"],
+            r["finished_at"],
+        )
         for r in embedded_rows(state_dir, job)
-    ]  # fmt: skip
+    ]
 
 
 def postgres_ledger(dsn: str, namespace: str, job: str) -> list[Row]:
@@ -406,8 +413,10 @@ def test_a_kill_grace_longer_than_stop_timeout_still_lets_a_short_run_finish(
     assert daemon.lines("stdout| finished"), daemon.log()
     assert not daemon.lines("sent SIGTERM"), daemon.log()
     ledger_row(lambda: embedded_ledger(state_dir, "work"), int(facts["run_id"]), "succeeded")
-    summary(f"SIGTERM during a 1 s run, stop_timeout 4 s, kill_grace 10 s: it finished, "
-            f"succeeded; exit 0 in {took:.2f} s")  # fmt: skip
+    summary(
+        f"SIGTERM during a 1 s run, stop_timeout 4 s, kill_grace 10 s: it finished, "
+        f"succeeded; exit 0 in {took:.2f} s"
+    )
 
 
 def test_sigterm_stops_a_run_that_outlasts_stop_timeout(daemons: Daemons, summary: Summary) -> None:
@@ -744,14 +753,17 @@ def test_a_command_starts_with_default_signal_handling_whatever_the_daemon_inher
     a supervisor may leave signals blocked); an exec keeps both. Its commands must not."""
     state_dir = daemons.workdir / "state"
     spec = {
-        "name": "signals", "every": "1s", "max_runs": 1,
+        "name": "signals",
+        "every": "1s",
+        "max_runs": 1,
         "command": ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"],
-    }  # fmt: skip
+    }
     as_if_in_the_background = ["sh", "-c", 'trap "" INT QUIT; exec "$@"', "sh"]
     daemon = daemons.start(
-        "background", config_text({"state_dir": str(state_dir)}, [spec]),
+        "background",
+        config_text({"state_dir": str(state_dir)}, [spec]),
         wrap=lambda argv: as_if_in_the_background + argv,
-    )  # fmt: skip
+    )
     [ignored] = daemon.wait_log("stdout| SigIgn:", 20)
     [blocked] = daemon.wait_log("stdout| SigBlk:", 20)
     with open(f"/proc/{daemon.pid}/status") as status:
@@ -760,5 +772,7 @@ def test_a_command_starts_with_default_signal_handling_whatever_the_daemon_inher
     assert _signal_bits(daemon_ignores, "SigIgn") & quit_bit, "the daemon did not inherit it"
     assert (_signal_bits(ignored, "SigIgn"), _signal_bits(blocked, "SigBlk")) == (0, 0)
     stop_cleanly(daemon)
-    summary(f"daemon started with SIGINT and SIGQUIT ignored ({daemon_ignores}): its command "
-            "ignores and blocks nothing")  # fmt: skip
+    summary(
+        f"daemon started with SIGINT and SIGQUIT ignored ({daemon_ignores}): its command "
+        "ignores and blocks nothing"
+    )

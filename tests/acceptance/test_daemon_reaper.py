@@ -261,14 +261,20 @@ def test_a_frozen_daemons_command_dies_at_its_leases_end(
     report_on_failure(request, "daemon logs", daemons.logs)
     said = tmp_path / "said.jsonl"
     settings = {
-        "database_url": dsn, "namespace": f"frozen-{coordination}", "coordination": coordination,
-        "replica_id": "frozen", "heartbeat_interval": "1s", "stale_after": "4s",
+        "database_url": dsn,
+        "namespace": f"frozen-{coordination}",
+        "coordination": coordination,
+        "replica_id": "frozen",
+        "heartbeat_interval": "1s",
+        "stale_after": "4s",
         "stop_timeout": "5s",
-    }  # fmt: skip
+    }
     job = {
-        "name": "long", "every": "1s", "max_runs": 1,
+        "name": "long",
+        "every": "1s",
+        "max_runs": 1,
         "command": [sys.executable, str(STOP_AWARE), str(said), "ignore"],
-    }  # fmt: skip
+    }
     try:
         daemon = daemons.start("frozen", config_text(settings, [job]))
         started = poll_until("the run to start", lambda: _said(said).get("started"), 30)

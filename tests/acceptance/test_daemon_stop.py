@@ -69,10 +69,15 @@ def test_sigterm_stops_command_runs_by_the_stop_timeout(
     settings |= {"replica_id": "solo", "stop_timeout": f"{STOP_TIMEOUT:g}s"}
     said = {job: daemons.workdir / f"{job}.jsonl" for job in JOBS}
     jobs = [
-        {"name": job, "every": "1s", "max_runs": 1, "kill_grace": f"{KILL_GRACE:g}s",
-         "command": [sys.executable, str(SCRIPT), str(said[job]), job]}
+        {
+            "name": job,
+            "every": "1s",
+            "max_runs": 1,
+            "kill_grace": f"{KILL_GRACE:g}s",
+            "command": [sys.executable, str(SCRIPT), str(said[job]), job],
+        }
         for job in JOBS
-    ]  # fmt: skip
+    ]
     daemon = daemons.start("solo", config_text(settings, jobs))
     poll_until("both to start", lambda: all("started" in events(said[j]) for j in JOBS), 30)
     started = {job: events(said[job])["started"] for job in JOBS}

@@ -47,16 +47,31 @@ class Host(Replicas):
         self.state_dir = state_dir
 
     def start(self, replica_id: str, *, job: str, task_ms: int, **extra: float) -> Child:
-        options = {"state_dir": self.state_dir, "job": job, "every_s": 1, "task_ms": task_ms,
-                   "seconds": 150, **extra}  # fmt: skip
+        options = {
+            "state_dir": self.state_dir,
+            "job": job,
+            "every_s": 1,
+            "task_ms": task_ms,
+            "seconds": 150,
+            **extra,
+        }
         return self.spawn_replica(replica_id, options)
 
     def ledger(self, job: str) -> list[Row]:
         return [
-            Row(r["run_id"], r["job"], r["scheduled_at"], r["replica_id"], r["pid"],
-                r["started_at"], r["finished_at"], r["outcome"], r["error"])
+            Row(
+                r["run_id"],
+                r["job"],
+                r["scheduled_at"],
+                r["replica_id"],
+                r["pid"],
+                r["started_at"],
+                r["finished_at"],
+                r["outcome"],
+                r["error"],
+            )
             for r in embedded_rows(self.state_dir, job)
-        ]  # fmt: skip
+        ]
 
     def wait_ready(self, timeout: float = 30.0) -> float:
         """Wait until every replica runs its scheduler; the epoch time the last one did."""

@@ -55,8 +55,9 @@ def test_a_claim_waiting_for_another_process_leaves_the_loop_free(tmp_path: Path
         await backend.open("host")
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLDER, str(backend.ledger_path), str(HOLD)],
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline().strip() == "locked"
@@ -101,8 +102,10 @@ class WriteLock:
     def __init__(self, ledger: Path) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", HOLD_UNTIL_TOLD, str(ledger)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "locked"
 

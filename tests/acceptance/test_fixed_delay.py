@@ -53,8 +53,15 @@ class Fleet(Replicas):
         self.backend, self._ledger = backend, ledger
 
     def start(self, replica_id: str, **extra: object) -> None:
-        options = {**self.backend, "job": JOB, "every_s": DELAY, "fixed_delay": True,
-                   "task_ms": int(TASK * 1000), "seconds": 150, **extra}  # fmt: skip
+        options = {
+            **self.backend,
+            "job": JOB,
+            "every_s": DELAY,
+            "fixed_delay": True,
+            "task_ms": int(TASK * 1000),
+            "seconds": 150,
+            **extra,
+        }
         self.spawn_replica(replica_id, options)
 
     def task_runs(self) -> list[TaskRun]:

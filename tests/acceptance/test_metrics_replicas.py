@@ -37,9 +37,15 @@ class MetricsReplica:
     def __init__(self, cluster: Cluster, replica_id: str, flag_file: Path) -> None:
         self.cluster, self.replica_id = cluster, replica_id
         cluster.start(
-            replica_id, job=JOB, every_s=EVERY_S, task_ms=0, runs_table=False,
-            fail_while=flag_file, metrics=True, cluster_every=CLUSTER_EVERY,
-        )  # fmt: skip
+            replica_id,
+            job=JOB,
+            every_s=EVERY_S,
+            task_ms=0,
+            runs_table=False,
+            fail_while=flag_file,
+            metrics=True,
+            cluster_every=CLUSTER_EVERY,
+        )
         self._port: int | None = None
 
     def ready(self) -> bool:

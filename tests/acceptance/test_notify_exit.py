@@ -67,8 +67,10 @@ def test_a_process_ends_promptly_with_a_request_unanswered(
     began = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SCRIPT), silent_endpoint, how],
-        capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     took = time.monotonic() - began
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("done"), done.stdout

@@ -53,10 +53,20 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tick = (datetime.now(UTC) + LATE_AFTER).replace(microsecond=0) + timedelta(seconds=1)
     processes = Processes(state.parent)
     try:
-        replica = processes.spawn("replica", [
-            sys.executable, "-m", "tests.browser.replica", "--state-dir", str(state),
-            "--tick", tick.isoformat(), "--grace", str(GRACE.total_seconds()),
-        ])  # fmt: skip
+        replica = processes.spawn(
+            "replica",
+            [
+                sys.executable,
+                "-m",
+                "tests.browser.replica",
+                "--state-dir",
+                str(state),
+                "--tick",
+                tick.isoformat(),
+                "--grace",
+                str(GRACE.total_seconds()),
+            ],
+        )
         assert replica.wait_exit(60) == 0, replica.log()
     finally:
         processes.close()
@@ -184,8 +194,11 @@ def mount(prefix: str, app: ASGIApp) -> ASGIApp:
         path = scope.get("path", "")
         if scope["type"] == "lifespan" or path == prefix or path.startswith(prefix + "/"):
             root = scope.get("root_path", "") + prefix
-            await app({**scope, "root_path": root} if scope["type"] != "lifespan" else scope,
-                      receive, send)  # fmt: skip
+            await app(
+                {**scope, "root_path": root} if scope["type"] != "lifespan" else scope,
+                receive,
+                send,
+            )
             return
         await send({"type": "http.response.start", "status": 404, "headers": []})
         await send({"type": "http.response.body", "body": b""})

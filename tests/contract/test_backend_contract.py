@@ -264,10 +264,11 @@ def test_repeats_in_a_batch_are_found_by_instant(backends: Backends) -> None:
         assert [c.status for c in claims] == [CLAIMED, TAKEN, CLAIMED, CLAIMED, CLAIMED, TAKEN]
         assert len({c.run_id for c in claims[:4] if c.run_id is not None}) == 3
         records = [
-            RunRecord(f"{job}-2", at, Outcome.MISSED, backends.replica_id(b), None, None, None,
-                      None)
+            RunRecord(
+                f"{job}-2", at, Outcome.MISSED, backends.replica_id(b), None, None, None, None
+            )
             for job, at in batch
-        ]  # fmt: skip
+        ]
         assert await b.record_unclaimed(records) == [True, False, True, True, True, False]
 
     backends.run(main())
@@ -284,9 +285,15 @@ def test_a_tick_skipped_while_the_job_runs_elsewhere_never_started(backends: Bac
         assert blocked.status is LOCKED
         # As the engine records it: no start time, since nothing ran.
         skipped = RunRecord(
-            "cleanup", tick(2), Outcome.SKIPPED_OVERLAP, backends.replica_id(b), blocked.run_id,
-            None, tick(2), "running on another replica",
-        )  # fmt: skip
+            "cleanup",
+            tick(2),
+            Outcome.SKIPPED_OVERLAP,
+            backends.replica_id(b),
+            blocked.run_id,
+            None,
+            tick(2),
+            "running on another replica",
+        )
         await release(b, skipped, unlock=False)
         await release(a, record(backends, a, first), unlock=True)
         assert backends.store.started("cleanup") == {tick(1)}

@@ -147,9 +147,9 @@ def test_concurrent_claims_of_different_ticks_of_a_limited_job_start_at_most_max
         handles = await backends.open(4)
         for round_ in range(10):
             job = f"once-{round_}"
-            claims = await asyncio.gather(*(
-                limited(handle, job, n, 1, lock=False) for n, handle in enumerate(handles)
-            ))  # fmt: skip
+            claims = await asyncio.gather(
+                *(limited(handle, job, n, 1, lock=False) for n, handle in enumerate(handles))
+            )
             statuses = sorted(c.status.value for c in claims)
             assert statuses == ["claimed"] + ["exhausted"] * 3, job
 
@@ -166,9 +166,9 @@ def test_a_claimed_tick_that_did_not_run_does_not_count(
         a, b = await backends.open(2)
         not_run = await limited(a, "report", 1, 1, lock=False)
         await release(a, record(backends, a, not_run, outcome), unlock=False)
-        assert await b.record_unclaimed([
-            RunRecord("report", tick(2), Outcome.MISSED, "replica-1", None, None, None, None)
-        ]) == [True]  # fmt: skip
+        assert await b.record_unclaimed(
+            [RunRecord("report", tick(2), Outcome.MISSED, "replica-1", None, None, None, None)]
+        ) == [True]
         assert (await limited(b, "report", 3, 1)).status is CLAIMED
         assert (await limited(a, "report", 4, 1)).status is EXHAUSTED
 
@@ -204,8 +204,18 @@ def test_ticks_of_a_job_past_its_max_runs_are_not_recorded_missed(backends: Back
         a, b = await backends.open(2)
 
         def missed(job: str, n: int, max_runs: int | None) -> RunRecord:
-            return RunRecord(job, tick(n), Outcome.MISSED, "replica-1", None, None, None,
-                             "no replica ran it", False, max_runs)  # fmt: skip
+            return RunRecord(
+                job,
+                tick(n),
+                Outcome.MISSED,
+                "replica-1",
+                None,
+                None,
+                None,
+                "no replica ran it",
+                False,
+                max_runs,
+            )
 
         assert await b.record_unclaimed([missed("report", 1, 2)]) == [True]  # not reached
         await succeed(backends, a, await limited(a, "report", 2, 2))
@@ -243,15 +253,20 @@ def test_one_batch_mixes_limited_manual_and_plain_requests(backends: Backends) -
     async def main() -> None:
         a, b = await backends.open(2)
         await succeed(backends, a, await limited(a, "report", 1, 1))
-        answers = await b.claim([
-            ClaimRequest("report", tick(2), True, max_runs=1),
-            ClaimRequest("report", asked(2), True, manual=True),
-            ClaimRequest("sync", tick(2), False),
-            ClaimRequest("sync", asked(2), False, manual=True),
-        ])  # fmt: skip
+        answers = await b.claim(
+            [
+                ClaimRequest("report", tick(2), True, max_runs=1),
+                ClaimRequest("report", asked(2), True, manual=True),
+                ClaimRequest("sync", tick(2), False),
+                ClaimRequest("sync", asked(2), False, manual=True),
+            ]
+        )
         assert [(c.status, c.manual) for c in answers] == [
-            (EXHAUSTED, False), (CLAIMED, True), (CLAIMED, False), (CLAIMED, True),
-        ]  # fmt: skip
+            (EXHAUSTED, False),
+            (CLAIMED, True),
+            (CLAIMED, False),
+            (CLAIMED, True),
+        ]
         assert answers[0].run_id is None
         assert answers[1].locked
 

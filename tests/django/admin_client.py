@@ -29,10 +29,13 @@ def main(argv: list[str]) -> dict[str, object]:
         run_id, replica = argv[1], argv[2]
         seen: dict[str, object] = {}
         for path in (
-            f"{BASE}/registeredjob/", f"{BASE}/registeredjob/heartbeat/change/",
-            f"{BASE}/run/", f"{BASE}/run/{run_id}/change/",
-            f"{BASE}/replica/", f"{BASE}/replica/{replica}/change/",
-        ):  # fmt: skip
+            f"{BASE}/registeredjob/",
+            f"{BASE}/registeredjob/heartbeat/change/",
+            f"{BASE}/run/",
+            f"{BASE}/run/{run_id}/change/",
+            f"{BASE}/replica/",
+            f"{BASE}/replica/{replica}/change/",
+        ):
             response = client.get(path)
             seen[path] = {"status": response.status_code, "text": response.content.decode()}
         return seen

@@ -45,22 +45,36 @@ class Project:
 
     def manage(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=PROJECT, env={**self.env, **env},
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [sys.executable, "manage.py", *args],
+            cwd=PROJECT,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
     def start(self, *args: str, **env: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "manage.py", *args], cwd=PROJECT, env={**self.env, **env},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "manage.py", *args],
+            cwd=PROJECT,
+            env={**self.env, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def admin(self, *args: str, **env: str) -> Any:
         """What ``admin_client.py ARGS`` saw, through Django's test client."""
         done = subprocess.run(
-            [sys.executable, str(ADMIN_CLIENT), *args], cwd=PROJECT, env={**self.env, **env},
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [sys.executable, str(ADMIN_CLIENT), *args],
+            cwd=PROJECT,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.splitlines()[-1])
 

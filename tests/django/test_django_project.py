@@ -91,9 +91,14 @@ def test_three_replicas_run_each_tick_once_and_the_admin_steers_them(
 ) -> None:
     migrated(project)
     created = project.manage(
-        "createsuperuser", "--noinput", "--username", "root", "--email", "root@example.com",
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        "root",
+        "--email",
+        "root@example.com",
         DJANGO_SUPERUSER_PASSWORD="not-used",
-    )  # fmt: skip
+    )
     assert created.returncode == 0, created.stderr
     env = {"REPLICRON_COORDINATION": coordination}
     replicas = [project.start("replicron", "run", **env) for _ in range(3)]

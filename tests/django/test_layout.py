@@ -25,11 +25,17 @@ def test_only_the_django_app_imports_django() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            )  # fmt: skip
-            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in (
-                "django", "asgiref")]  # fmt: skip
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in names
+                if n.split(".")[0] in ("django", "asgiref")
+            ]
     assert found == []
 
 
@@ -46,9 +52,14 @@ def test_the_apps_modules_declare_their_names_in_a_configured_project() -> None:
     )
     env = {"DJANGO_SETTINGS_MODULE": "mysite.settings", "PYTHONPATH": f"{PROJECT}:{REPO}"}
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=PROJECT, env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert len(found) >= 10

@@ -118,9 +118,10 @@ def test_the_password_never_shows(project: Project) -> None:
 def test_the_check_lists_every_problem_of_every_job_at_once(project: Project) -> None:
     jobs = [{"func": 3}, {"func": "reports.jobs.nowhere", "trigger": None}]
     done = project.manage(
-        "check", EXAMPLE_BROKEN_JOB="1",
+        "check",
+        EXAMPLE_BROKEN_JOB="1",
         REPLICRON_OVERRIDE=json.dumps({"timezone": "Mars/Base", "jobs": jobs}),
-    )  # fmt: skip
+    )
     errors = [line for line in done.stderr.splitlines() if "(replicron.E001)" in line]
     expected = [
         "settings.REPLICRON['timezone']: unknown time zone 'Mars/Base'",

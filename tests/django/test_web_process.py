@@ -43,9 +43,13 @@ def test_where_the_web_process_may_run_the_scheduler() -> None:
         "print(json.dumps([web_process_refusal(a, e) for a, e in json.load(sys.stdin)]))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], input=json.dumps([[a, e] for a, e, _ in CASES]),
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [sys.executable, "-c", code],
+        input=json.dumps([[a, e] for a, e, _ in CASES]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert json.loads(done.stdout) == [refused for *_, refused in CASES]
 
 
@@ -82,10 +86,13 @@ def test_runserver_runs_it_in_the_serving_child_only(project: Project) -> None:
     assert project.manage("migrate", "--noinput").returncode == 0
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}"], cwd=PROJECT,
-        env=project.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}"],
+        cwd=PROJECT,
+        env=project.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         url = f"http://127.0.0.1:{port}/admin/login/"
         poll_until("runserver", lambda: _answers(url), 60, every=0.2)
@@ -112,10 +119,22 @@ def test_an_asgi_server_runs_it_for_its_lifespan(project: Project) -> None:
     port = free_port()
     env = {**project.env, "REPLICRON_IN_WEB_PROCESS": ""}  # the lifespan alone starts it
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "mysite.asgi:application", "--port", str(port),
-         "--lifespan", "on"],
-        cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "mysite.asgi:application",
+            "--port",
+            str(port),
+            "--lifespan",
+            "on",
+        ],
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Started at the lifespan's startup, before any request.
         [(replica, stopped)] = poll_until("the replica", lambda: replicas(project) or None, 60)

@@ -150,8 +150,12 @@ def runs_from(events: Iterable[Mapping[str, Any]]) -> list[Run]:
     finishes: dict[tuple[int, str, str, str], Mapping[str, Any]] = {}
     starts = []
     for event in events:
-        key = (int(event["pid"]), str(event.get("job")), str(event.get("tick")),
-               str(event.get("run_id")))  # fmt: skip
+        key = (
+            int(event["pid"]),
+            str(event.get("job")),
+            str(event.get("tick")),
+            str(event.get("run_id")),
+        )
         if event["event"] == "start":
             starts.append((key, event))
         elif event["event"] == "finish":

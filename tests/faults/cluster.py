@@ -44,8 +44,19 @@ class PgCluster:
 
     def init(self) -> None:
         """initdb, then this suite's settings and a trust-everyone pg_hba.conf."""
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
-                  "-E", "UTF8", "--locale=C", "--no-sync")  # fmt: skip
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         settings = {
             "port": str(self.port),
             "listen_addresses": f"'{','.join(self.listen)}'",
@@ -98,8 +109,7 @@ class PgCluster:
             self._pg_ctl("stop", "-m", "immediate")
 
     def _pg_ctl(self, *args: str) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "60",
-                  *args)  # fmt: skip
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w", "-t", "60", *args)
 
     def _run(self, program: str, *args: str) -> None:
         result = subprocess.run(

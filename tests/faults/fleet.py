@@ -99,9 +99,14 @@ class Fleet(Replicas):
             where.append(f"faketime {faketime}")
         self._jobs |= {f"job-{i}": every_s for i in range(jobs)}
         options = {
-            "dsn": dsn, "jobs": jobs, "every_s": every_s, "task_ms": task_ms,
-            "heartbeat_interval": heartbeat_interval, "stale_after": stale_after,
-            "stop_timeout": stop_timeout, "seconds": seconds,
+            "dsn": dsn,
+            "jobs": jobs,
+            "every_s": every_s,
+            "task_ms": task_ms,
+            "heartbeat_interval": heartbeat_interval,
+            "stale_after": stale_after,
+            "stop_timeout": stop_timeout,
+            "seconds": seconds,
             # by default every job's run can start on time
             "max_workers": max(8, jobs) if max_workers is None else max_workers,
             "fence_stale_holders": fence_stale_holders,
@@ -110,7 +115,7 @@ class Fleet(Replicas):
             "coordination": mode,
             "leader": leader,
             "fixed_delay": fixed_delay,
-        }  # fmt: skip
+        }
         return self.spawn_replica(
             replica_id,
             options,
@@ -130,8 +135,9 @@ class Fleet(Replicas):
     def wait_ticks_finished(self, window: Window, timeout: float = 30.0) -> None:
         """Wait until every tick of every job in ``window`` has a finished run: for
         stretches without a fault, where each tick must run."""
-        expected = {(job, tick) for job, every_s in self.jobs().items()
-                    for tick in window.ticks(every_s)}  # fmt: skip
+        expected = {
+            (job, tick) for job, every_s in self.jobs().items() for tick in window.ticks(every_s)
+        }
 
         def finished() -> bool:
             done = {(e["job"], datetime.fromisoformat(e["tick"])) for e in self.events("finish")}

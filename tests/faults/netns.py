@@ -81,18 +81,41 @@ class NetworkNamespace:
         try:
             _run(["ip", "netns", "add", self.name])
             _run(
-                ["ip", "link", "add", self.host_link, "type", "veth",
-                 "peer", "name", self.namespace_link, "netns", self.name]
-            )  # fmt: skip
+                [
+                    "ip",
+                    "link",
+                    "add",
+                    self.host_link,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    self.namespace_link,
+                    "netns",
+                    self.name,
+                ]
+            )
             _run(
-                ["ip", "addr", "add", f"{self.host_address}/{self.prefix_length}",
-                 "dev", self.host_link]
-            )  # fmt: skip
+                [
+                    "ip",
+                    "addr",
+                    "add",
+                    f"{self.host_address}/{self.prefix_length}",
+                    "dev",
+                    self.host_link,
+                ]
+            )
             _run(["ip", "link", "set", self.host_link, "up"])
             self.exec(
-                ["ip", "addr", "add", f"{self.namespace_address}/{self.prefix_length}",
-                 "dev", self.namespace_link]
-            )  # fmt: skip
+                [
+                    "ip",
+                    "addr",
+                    "add",
+                    f"{self.namespace_address}/{self.prefix_length}",
+                    "dev",
+                    self.namespace_link,
+                ]
+            )
             self.exec(["ip", "link", "set", self.namespace_link, "up"])
             self.exec(["ip", "link", "set", "lo", "up"])
         except BaseException:

@@ -84,9 +84,25 @@ class ReplicatedPair:
                 " WHERE NOT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = %s)",
                 (SLOT, SLOT),
             )
-        self._run("pg_basebackup", "-D", str(standby.data), "-h", "127.0.0.1",
-                  "-p", str(self.primary.port), "-U", "postgres", "-R", "-S", SLOT,
-                  "-X", "stream", "-c", "fast", "--no-sync")  # fmt: skip
+        self._run(
+            "pg_basebackup",
+            "-D",
+            str(standby.data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.primary.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-S",
+            SLOT,
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        )
         with (standby.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 f"# the standby\nport = {standby.port}\n"
@@ -203,8 +219,12 @@ class ReplicatedPair:
     def _run(self, program: str, *args: str) -> None:
         result = subprocess.run(
             as_postgres([str(self.bindir / program), *args]),
-            cwd=self.workdir, capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"{program} exited {result.returncode}: {result.stderr}")
 

@@ -48,9 +48,12 @@ def test_a_clean_run_has_no_violation() -> None:
     events = run(1, "a", 1, 1.01, 1.2) + run(2, "a", 2, 2.01, 2.2)
     window = Window(BASE + timedelta(seconds=0.5), BASE + timedelta(seconds=2.5))
     analysis = analyse(
-        events=events, ledger=[row("a", 1), row("a", 2)], jobs={"a": 1.0},
-        window=window, replica_ends={},
-    )  # fmt: skip
+        events=events,
+        ledger=[row("a", 1), row("a", 2)],
+        jobs={"a": 1.0},
+        window=window,
+        replica_ends={},
+    )
     assert_invariants(analysis, all_ran=True)
     assert str(analysis).startswith("ticks=2 runs=2 duplicates=0 overlaps=0 unrecorded=0")
     assert analysis.earliest_ms == pytest.approx(10, abs=5)

@@ -86,8 +86,7 @@ def ledger(db: Database) -> list[dict[str, Any]]:
         " FROM replicron_runs WHERE namespace = %s AND job = %s ORDER BY run_id",
         (NAMESPACE, JOB),
     )
-    keys = ("run_id", "replica_id", "scheduled_at", "started_at", "finished_at", "outcome",
-            "error")  # fmt: skip
+    keys = ("run_id", "replica_id", "scheduled_at", "started_at", "finished_at", "outcome", "error")
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
@@ -120,8 +119,9 @@ def test_a_lost_lease_kills_the_command_group_before_another_replica_starts_it(
     b_http = ("127.0.0.1", free_port(19464))
     a_dsn = db.cluster.dsn(db.name, host=netns.host_address)  # only through the namespace link
     # ---- A runs the command (program + grandchild); B stands by ----------------------
-    daemons.start("a", daemon_config(a_dsn, "a", A_HTTP, lines_path), wrap=netns.command,
-                  where="namespace")  # fmt: skip
+    daemons.start(
+        "a", daemon_config(a_dsn, "a", A_HTTP, lines_path), wrap=netns.command, where="namespace"
+    )
     daemons.wait_http("a", "/readyz", 200, 30)
 
     def both_writing() -> list[Line] | None:
@@ -129,8 +129,10 @@ def test_a_lost_lease_kills_the_command_group_before_another_replica_starts_it(
         mine = [of(lines, "a", "command"), of(lines, "a", "grandchild")]
         return lines if all(mine) else None
 
-    first_a = of(daemons.wait_until("A's program and grandchild to write", both_writing,
-                                    3 * EVERY_S + 15), "a")[0]  # fmt: skip
+    first_a = of(
+        daemons.wait_until("A's program and grandchild to write", both_writing, 3 * EVERY_S + 15),
+        "a",
+    )[0]
     daemons.start("b", daemon_config(db.dsn, "b", b_http, lines_path))
     daemons.wait_http("b", "/readyz", 200, 30)
     # A's run has heartbeated at least once: the lease that runs out is a renewed one.
@@ -191,10 +193,11 @@ def test_a_lost_lease_kills_the_command_group_before_another_replica_starts_it(
     # A reconnects and writes its run's outcome (or B's janitor wrote it off before).
     a_row = db.wait_until(
         "A's run to be recorded",
-        lambda: next((r for r in ledger(db) if str(r["run_id"]) == a_run
-                      and r["outcome"] is not None), None),
+        lambda: next(
+            (r for r in ledger(db) if str(r["run_id"]) == a_run and r["outcome"] is not None), None
+        ),
         30,
-    )  # fmt: skip
+    )
     ready_again = daemons.wait_http("a", "/readyz", 200, 40) - healed
     # ... and heartbeats again, on a new lock session.
     daemons.wait_until(

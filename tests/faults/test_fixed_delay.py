@@ -121,8 +121,16 @@ def test_kill_9_of_the_leader_between_runs_of_a_fixed_delay_leader_mode_job(
     and the chain goes on."""
     delay, stale = 1.0, 4.0
     for replica in ("r1", "r2", "r3"):
-        replicas.start(replica, jobs=1, every_s=delay, task_ms=50, fixed_delay=True,
-                       leader=True, heartbeat_interval=HEARTBEAT, stale_after=stale)  # fmt: skip
+        replicas.start(
+            replica,
+            jobs=1,
+            every_s=delay,
+            task_ms=50,
+            fixed_delay=True,
+            leader=True,
+            heartbeat_interval=HEARTBEAT,
+            stale_after=stale,
+        )
     replicas.wait_ready(["r1", "r2", "r3"], timeout=60)
     last_run = replicas.wait_until(
         "a run over, the next not started", lambda: between_runs(replicas), 40

@@ -120,10 +120,11 @@ def test_a_run_that_ends_on_a_full_disk_is_recorded_and_the_job_runs_on(
     freed = datetime.now(UTC)
     daemons.wait_until(
         "a tick after the disk was freed to succeed",
-        lambda: any(r["outcome"] == "succeeded" and r["scheduled_at"] > freed
-                    for r in rows(state_dir)),
+        lambda: any(
+            r["outcome"] == "succeeded" and r["scheduled_at"] > freed for r in rows(state_dir)
+        ),
         10.0,
-    )  # fmt: skip
+    )
     assert daemons.stop()["d1"] == 0
 
     ledger = rows(state_dir)

@@ -34,8 +34,15 @@ def start_three(replicas: Fleet) -> tuple[str, float]:
     """Three leader-mode replicas (r1 first, so that it leads); the leader and when the last
     was ready (monotonic)."""
     for replica_id in REPLICAS:
-        replicas.start(replica_id, jobs=2, every_s=1, task_ms=50, leader=True,
-                       heartbeat_interval=HEARTBEAT, stale_after=STALE)  # fmt: skip
+        replicas.start(
+            replica_id,
+            jobs=2,
+            every_s=1,
+            task_ms=50,
+            leader=True,
+            heartbeat_interval=HEARTBEAT,
+            stale_after=STALE,
+        )
         if replica_id == "r1":
             replicas.wait_ready(["r1"])
             replicas.wait_until("r1 to lead", lambda: leader_events(replicas), 15)
@@ -66,10 +73,13 @@ def frozen_run_ends_at_the_freeze(
     process wakes: it overlaps only runs that started before the freeze, unless it went on
     for longer than a moment after the wake."""
     excused = [
-        (a, b) for a, b in analysis.overlaps
-        if a.pid == victim and a.start_mono < frozen <= b.start_mono
-        and a.finish_mono is not None and a.finish_mono - woken < 0.5
-    ]  # fmt: skip
+        (a, b)
+        for a, b in analysis.overlaps
+        if a.pid == victim
+        and a.start_mono < frozen <= b.start_mono
+        and a.finish_mono is not None
+        and a.finish_mono - woken < 0.5
+    ]
     others = [pair for pair in analysis.overlaps if pair not in excused]
     return dataclasses.replace(analysis, overlaps=others)
 
@@ -134,9 +144,10 @@ def test_the_leader_frozen_past_its_lease_claims_nothing_once_woken(
     # Claimed ahead by at most 100 ms: a tick due later than that after the freeze, claimed
     # by the frozen replica, was claimed after it woke; a claim it lost shows as "taken".
     late = [
-        (row.job, row.scheduled_at) for row in analysis.ledger
+        (row.job, row.scheduled_at)
+        for row in analysis.ledger
         if row.replica_id == leader and row.scheduled_at > frozen_wall + timedelta(seconds=0.15)
-    ]  # fmt: skip
+    ]
     summary(
         f"[leader {leader} frozen {woken - frozen:.1f} s: {taken['replica']} took over in "
         f"{takeover:.2f} s; woken, it claimed {len(late)} ticks, tried {len(tried)} more "

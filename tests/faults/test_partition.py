@@ -79,16 +79,25 @@ def test_a_two_way_partition_mid_run(
 ) -> None:
     task_ms = int(1000 * 4 * stale) + LONG_TASK_MS  # still going when another takes over
     replicas.start(
-        "r1", jobs=1, every_s=1, task_ms=task_ms, in_namespace=True,
-        heartbeat_interval=heartbeat, stale_after=stale,
-    )  # fmt: skip
+        "r1",
+        jobs=1,
+        every_s=1,
+        task_ms=task_ms,
+        in_namespace=True,
+        heartbeat_interval=heartbeat,
+        stale_after=stale,
+    )
     replicas.wait_ready(["r1"])
     victim = first_start(replicas, "r1")
     for replica_id in ("r2", "r3"):
         replicas.start(
-            replica_id, jobs=1, every_s=1, task_ms=task_ms,
-            heartbeat_interval=heartbeat, stale_after=stale,
-        )  # fmt: skip
+            replica_id,
+            jobs=1,
+            every_s=1,
+            task_ms=task_ms,
+            heartbeat_interval=heartbeat,
+            stale_after=stale,
+        )
     ready = replicas.wait_ready(["r2", "r3"])
     time.sleep(max(0.0, float(victim["mono"]) + heartbeat + 1.0 - time.monotonic()))
     netns.partition()
@@ -196,8 +205,9 @@ def test_sigstop_of_the_holder_past_staleness(
     victim, ready, frozen_at = freeze_the_holder(replicas)
     time.sleep(5 * STALE)
     assert runs_of_others(replicas, victim["pid"], frozen_at) == [], "ran while r1 was frozen"
-    [(outcome,)] = db.rows("SELECT outcome FROM replicron_runs WHERE run_id = %s",
-                           (victim["run_id"],))  # fmt: skip
+    [(outcome,)] = db.rows(
+        "SELECT outcome FROM replicron_runs WHERE run_id = %s", (victim["run_id"],)
+    )
     assert outcome is None, "the janitor wrote off a run whose lock is still held"
     replicas.resume("r1")
     woke = time.monotonic()
@@ -255,9 +265,10 @@ def test_sigstop_of_the_holder_past_its_lease(
     fenced = stopped["cancelled"] is True and float(stopped["mono"]) - woke < 0.5
     # Fenced, the frozen run did nothing after the freeze: it overlaps only what started before.
     others = [
-        (a, b) for a, b in analysis.overlaps
+        (a, b)
+        for a, b in analysis.overlaps
         if not (fenced and a.run_id == victim["run_id"] and b.start_mono >= frozen_at)
-    ]  # fmt: skip
+    ]
     analysis = dataclasses.replace(analysis, overlaps=others)
     assert_invariants(analysis)
     [row] = [row for row in analysis.ledger if row.run_id == victim["run_id"]]

@@ -56,9 +56,14 @@ def test_the_daemon_is_told_its_toml_keys(
     config.write_text(config_text(settings, [job]))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("REPLICRON_")}
     done = subprocess.run(
-        [sys.executable, "-m", "replicron", "run", str(config)], cwd=tmp_path, env=environ,
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "replicron", "run", str(config)],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     line = refusal_at_start(done)
     assert 'coordination = "lease" in [scheduler]' in line, line
     assert "session_pooler = true in [scheduler]" in line, line

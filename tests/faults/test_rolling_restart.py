@@ -48,17 +48,23 @@ def test_a_replica_stopped_mid_burst_leaves_its_ticks_to_the_one_that_stays(
 ) -> None:
     for replica_id in ("r1", "r2"):
         replicas.start(
-            replica_id, jobs=JOBS, every_s=EVERY_S, task_ms=TASK_MS, max_workers=1,
+            replica_id,
+            jobs=JOBS,
+            every_s=EVERY_S,
+            task_ms=TASK_MS,
+            max_workers=1,
             stop_timeout=30,
-        )  # fmt: skip
+        )
     ready = replicas.wait_ready(["r1", "r2"])
     tick, began = burst_started(replicas, max(ready.values()) + 0.5)
     stopped_at = time.monotonic() - began
     code, took = replicas.current["r1"].stop()  # as a deploy's SIGTERM, mid-burst
     replicas.wait_until(
-        "every run of the burst to finish", lambda: len(runs_of(replicas, "finish", tick)) == JOBS,
-        EVERY_S + 10, every=0.1,
-    )  # fmt: skip
+        "every run of the burst to finish",
+        lambda: len(runs_of(replicas, "finish", tick)) == JOBS,
+        EVERY_S + 10,
+        every=0.1,
+    )
     window = Window.from_monotonic(began - 0.5, began + 0.5)
     replicas.stop()
     analysis = replicas.assert_invariants(window, all_ran=True)
@@ -80,9 +86,13 @@ def test_every_replica_stopped_at_once_records_the_ticks_nobody_runs(
 ) -> None:
     for replica_id in ("r1", "r2"):
         replicas.start(
-            replica_id, jobs=JOBS, every_s=EVERY_S, task_ms=TASK_MS, max_workers=1,
+            replica_id,
+            jobs=JOBS,
+            every_s=EVERY_S,
+            task_ms=TASK_MS,
+            max_workers=1,
             stop_timeout=30,
-        )  # fmt: skip
+        )
     ready = replicas.wait_ready(["r1", "r2"])
     tick, began = burst_started(replicas, max(ready.values()) + 0.5)
     codes = replicas.stop()

@@ -177,9 +177,12 @@ def test_pgbouncer_proxies_in_its_pool_mode(
         assert dbname == db.name
     # Its admin console (simple query protocol only) confirms the pool mode.
     with psycopg.connect(
-        bouncer.dsn("pgbouncer"), autocommit=True, prepare_threshold=None,
-        cursor_factory=psycopg.ClientCursor, connect_timeout=10,
-    ) as admin:  # fmt: skip
+        bouncer.dsn("pgbouncer"),
+        autocommit=True,
+        prepare_threshold=None,
+        cursor_factory=psycopg.ClientCursor,
+        connect_timeout=10,
+    ) as admin:
         config = {row[0]: row[1] for row in admin.execute("SHOW CONFIG").fetchall()}
     assert config["pool_mode"] == mode
 

@@ -146,15 +146,17 @@ def test_an_outcome_that_cannot_be_written_is_kept_and_written_later(
             # The session is gone and no new one can be made: the outcome waits.
             await a.release([Release(record(run, "replica-a"), True)])
             [(outcome, beat)] = sql(
-                dsn, "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
+                dsn,
+                "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
                 [run.run_id],
-            )  # fmt: skip
+            )
             assert outcome is None
             await asyncio.sleep(0.5)
             [(_, beat_later)] = sql(
-                dsn, "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
+                dsn,
+                "SELECT outcome, heartbeat_at FROM replicron_runs WHERE run_id = %s",
                 [run.run_id],
-            )  # fmt: skip
+            )
             assert beat_later == beat  # a finished run is never heartbeated again
             assert a._session is not None
             a._session.conninfo = good  # the server is back: the next heartbeat writes it
@@ -229,12 +231,18 @@ def test_claims_of_overlapping_ticks_sent_in_opposite_orders_do_not_deadlock(dsn
 
     def params(jobs: list[str]) -> dict[str, object]:
         return {
-            "namespace": "", "jobs": jobs, "ticks": [tick(1)] * len(jobs),
-            "keys": list(range(len(jobs))), "locks": [False] * len(jobs),
-            "manual": [False] * len(jobs), "limits": [None] * len(jobs),
-            "replica": "replica", "tokens": [uuid.uuid4() for _ in jobs],
-            "ahead": timedelta(0), "stale_after": timedelta(seconds=15),
-        }  # fmt: skip
+            "namespace": "",
+            "jobs": jobs,
+            "ticks": [tick(1)] * len(jobs),
+            "keys": list(range(len(jobs))),
+            "locks": [False] * len(jobs),
+            "manual": [False] * len(jobs),
+            "limits": [None] * len(jobs),
+            "replica": "replica",
+            "tokens": [uuid.uuid4() for _ in jobs],
+            "ahead": timedelta(0),
+            "stale_after": timedelta(seconds=15),
+        }
 
     def session(conn: psycopg.Connection[tuple[object, ...]]) -> dict[str, object]:
         [(pid, token)] = conn.execute(
@@ -316,7 +324,7 @@ def test_a_tick_not_yet_due_by_the_database_clock_is_refused_and_not_recorded(
                 "SELECT count(*) FROM pg_locks"
                 " WHERE locktype = 'advisory'"
                 " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            ) == [(0,)]  # fmt: skip
+            ) == [(0,)]
             offset = a.clock_offset()
             assert offset is not None
             assert abs(offset.total_seconds()) < 0.1  # one host, one clock
@@ -452,8 +460,16 @@ def test_a_lost_claim_is_recorded_when_its_tick_is_written_off_or_at_close(dsn: 
                 _insert_lost_claim(dsn, "cleanup", n, token)
                 a._tokens.remember([("cleanup", tick(n))], [token])
             # Tick 1 is handled again after the failure and written off as missed.
-            missed = RunRecord("cleanup", tick(1), Outcome.MISSED, "replica-a", None, None,
-                               None, "the backend was unreachable")  # fmt: skip
+            missed = RunRecord(
+                "cleanup",
+                tick(1),
+                Outcome.MISSED,
+                "replica-a",
+                None,
+                None,
+                None,
+                "the backend was unreachable",
+            )
             assert await a.record_unclaimed([missed]) == [True]
         # Tick 2 never came up again: the backend records it at close.
 
@@ -472,9 +488,19 @@ def test_lost_claims_in_a_range_are_recorded_with_it_and_the_range_starts_after_
                 token = uuid.uuid4()
                 _insert_lost_claim(dsn, "cleanup", n, token)
                 a._tokens.remember([("cleanup", tick(n))], [token])
-            span = RunRecord("cleanup", tick(1), Outcome.MISSED, "replica-a", None, None,
-                             None, "the backend was unreachable", through=tick(20), ticks=20,
-                             starts=tuple(tick(n) for n in range(1, 9)))  # fmt: skip
+            span = RunRecord(
+                "cleanup",
+                tick(1),
+                Outcome.MISSED,
+                "replica-a",
+                None,
+                None,
+                None,
+                "the backend was unreachable",
+                through=tick(20),
+                ticks=20,
+                starts=tuple(tick(n) for n in range(1, 9)),
+            )
             # The range stands for the 18 ticks without rows; the two lost claims are
             # recorded missed by their tokens with it.
             assert await a.record_unclaimed([span]) == [20]
@@ -496,9 +522,10 @@ def _write_off(dsn: str, job: str, n: int) -> None:
     """What a janitor does to the row of a lost claim once its heartbeat is stale."""
     sql(dsn, queries()["abandon_stale"], {"namespace": "", "stale_after": timedelta(seconds=1)})
     [(outcome,)] = sql(
-        dsn, "SELECT outcome FROM replicron_runs WHERE job = %s AND scheduled_at = %s",
+        dsn,
+        "SELECT outcome FROM replicron_runs WHERE job = %s AND scheduled_at = %s",
         [job, tick(n)],
-    )  # fmt: skip
+    )
     assert outcome == "abandoned"
 
 
@@ -519,8 +546,16 @@ def test_a_lost_claim_written_off_by_a_janitor_is_still_its_claimants(dsn: str) 
             [again] = await a.claim([ClaimRequest("cleanup", tick(1), True, max_runs=1)])
             assert (again.status, again.run_id, again.locked) == (CLAIMED, run_id, True)
             await a.release([Release(record(again, "replica-a"), True)])
-            missed = RunRecord("cleanup", tick(2), Outcome.MISSED, "replica-a", None, None,
-                               None, "the backend was unreachable")  # fmt: skip
+            missed = RunRecord(
+                "cleanup",
+                tick(2),
+                Outcome.MISSED,
+                "replica-a",
+                None,
+                None,
+                None,
+                "the backend was unreachable",
+            )
             assert await a.record_unclaimed([missed]) == [True]
         # Tick 3 never came up again: recorded missed at close.
 
@@ -541,10 +576,12 @@ def test_runs_pruned_by_retention_still_count_against_max_runs(dsn: str) -> None
                     [tick(n), outcome],
                 )
             await a._housekeeper.janitor()
-            claims = await a.claim([
-                ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned + tick 4
-                ClaimRequest("sync", tick(5), False, max_runs=3),
-            ])  # fmt: skip
+            claims = await a.claim(
+                [
+                    ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned + tick 4
+                    ClaimRequest("sync", tick(5), False, max_runs=3),
+                ]
+            )
             return [c.status for c in claims]
 
     assert asyncio.run(main()) == [ClaimStatus.EXHAUSTED, CLAIMED]
@@ -557,8 +594,16 @@ def test_a_tick_not_yet_due_by_the_database_is_not_written_off(dsn: str) -> None
     async def main() -> None:
         async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
             [(now,)] = sql(dsn, "SELECT clock_timestamp()")
-            ahead = RunRecord("cleanup", now + timedelta(seconds=30), Outcome.MISSED,
-                              "replica-a", None, None, None, "a later tick was due")  # fmt: skip
+            ahead = RunRecord(
+                "cleanup",
+                now + timedelta(seconds=30),
+                Outcome.MISSED,
+                "replica-a",
+                None,
+                None,
+                None,
+                "a later tick was due",
+            )
             due = ahead._replace(scheduled_at=now - timedelta(seconds=30))
             assert await a.record_unclaimed([ahead, due]) == [None, True]
             assert sql(dsn, "SELECT count(*) FROM replicron_runs") == [(1,)]
@@ -575,9 +620,10 @@ def test_a_connect_timeout_says_that_no_answer_came(coordination: Any) -> None:
         silent.listen()  # the kernel completes the handshake; nobody ever answers
         port = silent.getsockname()[1]
         backend = PostgresBackend(
-            f"postgresql://postgres@127.0.0.1:{port}/db", connect_timeout=0.5,
+            f"postgresql://postgres@127.0.0.1:{port}/db",
+            connect_timeout=0.5,
             coordination=coordination,
-        )  # fmt: skip
+        )
         with pytest.raises(BackendUnavailableError) as caught:
             asyncio.run(backend.open("r1"))
     assert str(caught.value) == (

@@ -54,9 +54,21 @@ def test_status_lists_jobs(dsn: str) -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "JOB", "LAST", "TICK", "OUTCOME", "REPLICA", "TOOK", "LAST", "SUCCESS", "RUNNING",
-        "NEXT", "DUE", "STATE", "MISSED", "24H",
-    ]  # fmt: skip
+        "JOB",
+        "LAST",
+        "TICK",
+        "OUTCOME",
+        "REPLICA",
+        "TOOK",
+        "LAST",
+        "SUCCESS",
+        "RUNNING",
+        "NEXT",
+        "DUE",
+        "STATE",
+        "MISSED",
+        "24H",
+    ]
     broken_row = lines[1].split()
     assert broken_row[:4] == ["broken", "2026-01-01T00:00:10+00:00", "failed", "node-1"]
     # took (fake clock: 0 ms), no success, nothing running, next due, state, missed: the fake
@@ -113,8 +125,14 @@ def test_status_shows_replicas_with_their_clock_offsets_and_frozen_holders(dsn: 
     assert re.search(r"^ok: run \d+ of replica node-2 stopped heartbeating", result.stdout, re.M)
     header = lines.index("") + 1
     assert lines[header].split() == [
-        "REPLICA", "ALIVE", "JOBS", "LAST", "SEEN", "CLOCK", "OFFSET",
-    ]  # fmt: skip
+        "REPLICA",
+        "ALIVE",
+        "JOBS",
+        "LAST",
+        "SEEN",
+        "CLOCK",
+        "OFFSET",
+    ]
     replicas = {line.split()[0]: line.split() for line in lines[header + 1 :] if line.strip()}
     assert replicas["node-2"][:3] == ["node-2", "yes", "0"]
     assert replicas["node-2"][-2:] == ["+31.500", "s"]

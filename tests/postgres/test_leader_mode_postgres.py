@@ -36,9 +36,10 @@ async def until(condition: Callable[[], bool], within: float) -> float:
 def lease_row(dsn: str) -> tuple[str, int, float]:
     """The holder, its epoch, and seconds left of its lease by the server's clock."""
     [(holder, epoch, left)] = sql(
-        dsn, "SELECT holder, epoch, extract(epoch FROM expires_at - now())::float8"
+        dsn,
+        "SELECT holder, epoch, extract(epoch FROM expires_at - now())::float8"
         " FROM replicron_leaders WHERE namespace = ''",
-    )  # fmt: skip
+    )
     return holder, epoch, left
 
 
@@ -86,8 +87,12 @@ def test_a_leader_cut_off_stops_leading_before_a_standby_may_take_over(
     proxy = HangingProxy((str(params.get("host", "127.0.0.1")), int(str(params.get("port", 5432)))))
 
     async def main() -> None:
-        options: dict[str, Any] = {"coordination": mode, "heartbeat_interval": HEARTBEAT,
-                   "stale_after": STALE_AFTER, "statement_timeout": 0.5}  # fmt: skip
+        options: dict[str, Any] = {
+            "coordination": mode,
+            "heartbeat_interval": HEARTBEAT,
+            "stale_after": STALE_AFTER,
+            "statement_timeout": 0.5,
+        }
         cut_off = make_conninfo(dsn, host="127.0.0.1", port=proxy.port)
         async with opened(cut_off, "a", **options) as a, opened(dsn, "b", **options) as b:
             a.contend(lambda: None)

@@ -48,9 +48,10 @@ def expire(dsn: str, job: str) -> None:
 
 def row(dsn: str, run_id: int | None) -> tuple[Any, ...]:
     [found] = sql(
-        dsn, "SELECT outcome, epoch, lease_until IS NOT NULL FROM replicron_runs WHERE run_id = %s",
+        dsn,
+        "SELECT outcome, epoch, lease_until IS NOT NULL FROM replicron_runs WHERE run_id = %s",
         [run_id],
-    )  # fmt: skip
+    )
     return tuple(found)
 
 
@@ -257,9 +258,12 @@ def test_a_lease_replica_is_refused_while_a_frozen_advisory_run_holds_its_lock(d
             with pytest.raises(ConfigurationError, match=r"a \(advisory\)"):
                 async with opened(dsn, "b", coordination="lease"):
                     pass
-            assert sql(dsn, "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                            " WHERE datname = current_database()"
-                            " AND application_name = 'replicron a'") == [(True,)]  # fmt: skip
+            assert sql(
+                dsn,
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+                " AND application_name = 'replicron a'",
+            ) == [(True,)]
             async with opened(dsn, "b", coordination="lease") as b:
                 assert (await claim(b, "report", 2, lock=True)).status == CLAIMED
             assert row(dsn, running.run_id)[0] is None  # a's to write when it wakes

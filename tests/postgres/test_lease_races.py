@@ -140,15 +140,29 @@ def test_a_heartbeat_and_a_claim_taking_the_same_job_locks_do_not_deadlock(dsn: 
     heartbeat = queries()["lease_heartbeat"].encode()
     lease_claim = queries()["lease_claim"].encode()
     beat = {
-        "namespace": "", "run_ids": runs, "epochs": [0, 0], "locked_runs": runs,
-        "replica": "one", "offset_ms": None, "stale_after": timedelta(seconds=30), "leaving": False,
-        "contending": False, "leader_lease": timedelta(seconds=30),
-    }  # fmt: skip
+        "namespace": "",
+        "run_ids": runs,
+        "epochs": [0, 0],
+        "locked_runs": runs,
+        "replica": "one",
+        "offset_ms": None,
+        "stale_after": timedelta(seconds=30),
+        "leaving": False,
+        "contending": False,
+        "leader_lease": timedelta(seconds=30),
+    }
     ask = {
-        "namespace": "", "jobs": ["a", "b"], "ticks": [tick(2)] * 2, "locks": [True, True],
-        "tokens": [uuid.uuid4()] * 2, "manual": [False, False], "limits": [None, None],
-        "replica": "two", "ahead": timedelta(0), "stale_after": timedelta(seconds=30),
-    }  # fmt: skip
+        "namespace": "",
+        "jobs": ["a", "b"],
+        "ticks": [tick(2)] * 2,
+        "locks": [True, True],
+        "tokens": [uuid.uuid4()] * 2,
+        "manual": [False, False],
+        "limits": [None, None],
+        "replica": "two",
+        "ahead": timedelta(0),
+        "stale_after": timedelta(seconds=30),
+    }
     failures: list[BaseException] = []
 
     def statement(query: bytes, params: dict[str, object], pids: list[int]) -> None:

@@ -21,9 +21,12 @@ __all__ = ["clock", "make", "recorder"]  # the fixtures
 
 @pytest.mark.parametrize("coordination", ["advisory", "lease"])
 def test_a_run_missed_on_its_thread_does_not_use_up_max_runs_while_the_job_ticks(
-    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, dsn: str,
+    make: Callable[..., Scheduler],
+    clock: FakeClock,
+    recorder: Recorder,
+    dsn: str,
     coordination: Literal["advisory", "lease"],
-) -> None:  # fmt: skip
+) -> None:
     backend = PostgresBackend(dsn, coordination=coordination, heartbeat_interval=0.5)
     s = make(clock=clock, listeners=[recorder], max_workers=1, backend=backend)
     max_runs_while_ticking(s, clock, recorder, shared=True)
@@ -31,9 +34,12 @@ def test_a_run_missed_on_its_thread_does_not_use_up_max_runs_while_the_job_ticks
 
 @pytest.mark.parametrize("coordination", ["advisory", "lease"])
 def test_a_claimed_tick_missed_past_its_grace_keeps_no_start_time(
-    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, dsn: str,
+    make: Callable[..., Scheduler],
+    clock: FakeClock,
+    recorder: Recorder,
+    dsn: str,
     coordination: Literal["advisory", "lease"],
-) -> None:  # fmt: skip
+) -> None:
     """Queued behind its job's run, the tick's row was written when it was claimed; it never
     started, and its row says so."""
     gate = Gate()

@@ -349,9 +349,13 @@ def test_claim_and_release_write_the_ledger_row(dsn: str) -> None:
             started, finished = z(2024, 1, 1, 0, 2, 5), z(2024, 1, 1, 0, 2, 9)
             await release(a, record(run, "replica-a", finished_at=finished), unlock=True)
             failed = record(
-                queued, "replica-b", Outcome.FAILED, started_at=started, finished_at=finished,
+                queued,
+                "replica-b",
+                Outcome.FAILED,
+                started_at=started,
+                finished_at=finished,
                 error="ValueError: boom",
-            )  # fmt: skip
+            )
             await release(b, failed, unlock=False)
             await release(a, record(later, "replica-a", Outcome.MISSED), unlock=False)
             assert await a.record_unclaimed(
@@ -360,11 +364,25 @@ def test_claim_and_release_write_the_ledger_row(dsn: str) -> None:
 
             # The run keeps the database's start time; the queued one takes the record's.
             assert row(run.run_id) == (
-                "replica-a", "succeeded", None, False, True, True, None, finished,
-            )  # fmt: skip
+                "replica-a",
+                "succeeded",
+                None,
+                False,
+                True,
+                True,
+                None,
+                finished,
+            )
             assert row(queued.run_id) == (
-                "replica-b", "failed", "ValueError: boom", False, False, True, None, finished,
-            )  # fmt: skip
+                "replica-b",
+                "failed",
+                "ValueError: boom",
+                False,
+                False,
+                True,
+                None,
+                finished,
+            )
             # No finish time given: the database's clock.
             [(outcome, no_start, finished_late)] = sql(
                 dsn,

@@ -42,10 +42,11 @@ def test_a_run_asked_for_runs_once_though_its_row_is_pruned(dsn: str) -> None:
     """A retention shorter than a request's life: the janitor keeps the manual run's row
     while the request is young, so no replica takes the request for a new one."""
     backends: list[Backend] = [
-        PostgresBackend(dsn, namespace="short/", heartbeat_interval=0.1,
-                        retention=timedelta(seconds=1))
+        PostgresBackend(
+            dsn, namespace="short/", heartbeat_interval=0.1, retention=timedelta(seconds=1)
+        )
         for _ in (1, 2)
-    ]  # fmt: skip
+    ]
     replicas, ran = replicas_of_report(backends)
     try:
         asyncio.run(

@@ -101,8 +101,12 @@ def test_postgresql_passes_and_follows_the_protocol() -> None:
     server = FakeServer(POSTGRES)
     asyncio.run(check_advisory_locks(server.open))
     assert [(n, f) for n, f, _ in server.calls] == [
-        (0, "try"), (1, "try"), (0, "unlock"), (1, "try"), (1, "unlock")
-    ]  # fmt: skip
+        (0, "try"),
+        (1, "try"),
+        (0, "unlock"),
+        (1, "try"),
+        (1, "unlock"),
+    ]
     keys = {key for _, _, key in server.calls}
     assert len(keys) == 1  # one key throughout, in the two-int space
     assert all(-(2**31) <= part < 2**31 for part in keys.pop())

@@ -38,8 +38,20 @@ def test_next_prints_instants_in_the_zone() -> None:
 
 
 def test_next_with_seconds_and_an_aware_after(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["next", "*/20 * * * * *", "--seconds", "-n", "2",
-                 "--after", "2026-01-01T00:00:05+02:00"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "next",
+                "*/20 * * * * *",
+                "--seconds",
+                "-n",
+                "2",
+                "--after",
+                "2026-01-01T00:00:05+02:00",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.splitlines() == [
         "2025-12-31T22:00:20+00:00",
         "2025-12-31T22:00:40+00:00",
@@ -104,17 +116,52 @@ def test_status_notes_and_check_word_each_problem_alike(capsys: pytest.CaptureFi
     now = z(2026, 6, 1, 12)
     tick = now - timedelta(minutes=10)
     rows = [
-        JobStatus("broken", "r1", tick, tick, tick, "failed", "RuntimeError: disk full", None,
-                  (), 0, (("r2", 7),), tick),
-        JobStatus("crowded", "r1", tick, None, None, "skipped_overlap", "still running", tick,
-                  (), 0, (), tick),
-    ]  # fmt: skip
+        JobStatus(
+            "broken",
+            "r1",
+            tick,
+            tick,
+            tick,
+            "failed",
+            "RuntimeError: disk full",
+            None,
+            (),
+            0,
+            (("r2", 7),),
+            tick,
+        ),
+        JobStatus(
+            "crowded",
+            "r1",
+            tick,
+            None,
+            None,
+            "skipped_overlap",
+            "still running",
+            tick,
+            (),
+            0,
+            (),
+            tick,
+        ),
+    ]
     registrations = [
-        Registration(job, replica, "every(minutes=5)", fingerprint, timedelta(minutes=1),
-                     (now + timedelta(minutes=1),), now, True)
-        for job, replica, fingerprint in [("broken", "r1", "a"), ("broken", "r2", "b"),
-                                          ("crowded", "r1", "a")]
-    ]  # fmt: skip
+        Registration(
+            job,
+            replica,
+            "every(minutes=5)",
+            fingerprint,
+            timedelta(minutes=1),
+            (now + timedelta(minutes=1),),
+            now,
+            True,
+        )
+        for job, replica, fingerprint in [
+            ("broken", "r1", "a"),
+            ("broken", "r2", "b"),
+            ("crowded", "r1", "a"),
+        ]
+    ]
     replicas = [ReplicaStatus(name, None, None, now, now, True) for name in ("r1", "r2")]
     status = build_status("", now, rows, registrations, [], replicas)
 

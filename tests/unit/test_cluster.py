@@ -87,8 +87,11 @@ def test_a_paused_job_runs_nowhere_its_ticks_are_recorded_paused_and_resuming_re
         (START + timedelta(seconds=40), Outcome.SUCCEEDED),
     ]
     assert [r.outcome for r in state.history("tick")] == [
-        Outcome.SUCCEEDED, Outcome.PAUSED, Outcome.PAUSED, Outcome.SUCCEEDED,
-    ]  # fmt: skip
+        Outcome.SUCCEEDED,
+        Outcome.PAUSED,
+        Outcome.PAUSED,
+        Outcome.SUCCEEDED,
+    ]
     assert first.get_job("tick").resume() is False
 
 
@@ -101,8 +104,12 @@ def test_resume_can_ask_for_one_run_in_place_of_the_paused_ticks(
     first.get_job("tick").resume(run_now=True)
     for scheduler, _ in replicas:
         scheduler.wait_idle()
-    ran = [(e.scheduled_at, e.outcome, e.manual) for _, r in replicas for _, e in r.events
-           if e.outcome is Outcome.SUCCEEDED]  # fmt: skip
+    ran = [
+        (e.scheduled_at, e.outcome, e.manual)
+        for _, r in replicas
+        for _, e in r.events
+        if e.outcome is Outcome.SUCCEEDED
+    ]
     assert len(ran) == 1
     at, _, manual = ran[0]
     assert manual
@@ -193,9 +200,13 @@ def test_a_job_is_overdue_when_an_expected_tick_has_no_row_past_its_grace(
     next_due: datetime | None, last_tick: datetime, overdue: bool
 ) -> None:
     status = build_status(
-        "", NOW, [ledger("j", last_tick)], [registration("j", "r1", next_due, alive=False)],
-        [], [replica("r1", NOW - timedelta(days=1), False)],
-    )  # fmt: skip
+        "",
+        NOW,
+        [ledger("j", last_tick)],
+        [registration("j", "r1", next_due, alive=False)],
+        [],
+        [replica("r1", NOW - timedelta(days=1), False)],
+    )
     view = status.job("j")
     assert view is not None
     assert view.overdue is overdue
@@ -204,10 +215,13 @@ def test_a_job_is_overdue_when_an_expected_tick_has_no_row_past_its_grace(
 
 def test_a_paused_job_is_never_overdue() -> None:
     status = build_status(
-        "", NOW, [ledger("j", NOW - timedelta(hours=1))],
+        "",
+        NOW,
+        [ledger("j", NOW - timedelta(hours=1))],
         [registration("j", "r1", NOW - timedelta(minutes=30))],
-        [Pause("j", NOW - timedelta(hours=1), "ops")], [replica("r1", NOW, True)],
-    )  # fmt: skip
+        [Pause("j", NOW - timedelta(hours=1), "ops")],
+        [replica("r1", NOW, True)],
+    )
     view = status.job("j")
     assert view is not None
     assert not view.overdue
@@ -270,14 +284,27 @@ def test_past_the_list_a_reader_extrapolates_only_a_list_cut_at_its_most(
 
 def test_problems_name_failures_drift_and_frozen_holders() -> None:
     failed = JobStatus(
-        "f", "r1", NOW, NOW, NOW, "failed", "RuntimeError: boom", None, (), 0,
-        (("r2", 7),), NOW,
-    )  # fmt: skip
+        "f",
+        "r1",
+        NOW,
+        NOW,
+        NOW,
+        "failed",
+        "RuntimeError: boom",
+        None,
+        (),
+        0,
+        (("r2", 7),),
+        NOW,
+    )
     status = build_status(
-        "", NOW, [failed],
+        "",
+        NOW,
+        [failed],
         [registration("f", "r1", None), registration("f", "r2", None, fp="b")],
-        [], [replica("r1", NOW, True), replica("r2", NOW, True)],
-    )  # fmt: skip
+        [],
+        [replica("r1", NOW, True), replica("r2", NOW, True)],
+    )
     lines = status.problems()
     assert len(lines) == 3
     assert lines[0].startswith("f: definition drift")
@@ -430,11 +457,17 @@ def test_each_problem_is_a_typed_value_and_problems_are_their_lines() -> None:
         "f", "r1", NOW, NOW, NOW, "timed_out", None, None, (), 0, (("r2", 7), ("r3", 9)), NOW
     )
     status = build_status(
-        "", NOW, [failed, ledger("late", NOW - timedelta(minutes=10))],
-        [registration("f", "r1", None), registration("f", "r2", None, fp="b"),
-         registration("late", "r9", NOW - timedelta(minutes=5), alive=False)],
-        [], [replica("r1", NOW, True), replica("r2", NOW, True)],
-    )  # fmt: skip
+        "",
+        NOW,
+        [failed, ledger("late", NOW - timedelta(minutes=10))],
+        [
+            registration("f", "r1", None),
+            registration("f", "r2", None, fp="b"),
+            registration("late", "r9", NOW - timedelta(minutes=5), alive=False),
+        ],
+        [],
+        [replica("r1", NOW, True), replica("r2", NOW, True)],
+    )
     f, late = status.jobs
     found = status.job_problems(f)
     assert [(p.job, p.kind, p.severity) for p in found] == [
@@ -464,9 +497,13 @@ def test_each_problem_is_a_typed_value_and_problems_are_their_lines() -> None:
 @pytest.mark.parametrize("outcome", list(Outcome))
 def test_only_a_run_that_went_wrong_is_a_last_run_problem(outcome: Outcome) -> None:
     status = build_status(
-        "", NOW, [ledger("j", NOW, outcome.value)], [registration("j", "r1", None)], [],
+        "",
+        NOW,
+        [ledger("j", NOW, outcome.value)],
+        [registration("j", "r1", None)],
+        [],
         [replica("r1", NOW, True)],
-    )  # fmt: skip
+    )
     [view] = status.jobs
     assert view.outcome is outcome
     kinds = [p.kind for p in status.job_problems(view)]

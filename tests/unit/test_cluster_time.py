@@ -83,9 +83,14 @@ def test_ticks_whose_handling_failed_follow_the_catch_up_policy(
     trigger = every(seconds=1)
     tick = [T0 + timedelta(seconds=n) for n in range(5)]
     found = resync_plan(
-        trigger, tick[1], tick[3], tick[3] + timedelta(seconds=9), policy,  # type: ignore[arg-type]
-        grace, superseded,
-    )  # fmt: skip
+        trigger,
+        tick[1],
+        tick[3],
+        tick[3] + timedelta(seconds=9),
+        policy,  # type: ignore[arg-type]
+        grace,
+        superseded,
+    )
     assert found == ([tick[n] for n in run], [tick[n] for n in missed], None)
 
 

@@ -140,15 +140,25 @@ BY_HAND = [
         "*/7 * * * *",
         utc(2024, 1, 1, 10, 50),
         # 0,7,...,56 within each hour: the gap from :56 to the next :00 is 4 minutes.
-        [utc(2024, 1, 1, 10, 56), utc(2024, 1, 1, 11, 0), utc(2024, 1, 1, 11, 7),
-         utc(2024, 1, 1, 11, 14)],
+        [
+            utc(2024, 1, 1, 10, 56),
+            utc(2024, 1, 1, 11, 0),
+            utc(2024, 1, 1, 11, 7),
+            utc(2024, 1, 1, 11, 14),
+        ],
         id="step-restarts-every-hour",
     ),
     pytest.param(
         "1-30/7 * * * *",
         utc(2024, 1, 1, 10, 0),
-        [utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 8), utc(2024, 1, 1, 10, 15),
-         utc(2024, 1, 1, 10, 22), utc(2024, 1, 1, 10, 29), utc(2024, 1, 1, 11, 1)],
+        [
+            utc(2024, 1, 1, 10, 1),
+            utc(2024, 1, 1, 10, 8),
+            utc(2024, 1, 1, 10, 15),
+            utc(2024, 1, 1, 10, 22),
+            utc(2024, 1, 1, 10, 29),
+            utc(2024, 1, 1, 11, 1),
+        ],
         id="range-with-step",
     ),
     pytest.param(
@@ -166,19 +176,17 @@ BY_HAND = [
     pytest.param(
         "0 0 * * */2",
         utc(2024, 5, 6),
-        [utc(2024, 5, 7), utc(2024, 5, 9), utc(2024, 5, 11), utc(2024, 5, 12),
-         utc(2024, 5, 14)],
+        [utc(2024, 5, 7), utc(2024, 5, 9), utc(2024, 5, 11), utc(2024, 5, 12), utc(2024, 5, 14)],
         id="weekday-every-second-day-is-sun-tue-thu-sat",
     ),
     pytest.param(
         "0 0 31 2 mon",
         utc(2024, 1, 1),
         # Neither day field starts with '*', so the days are ORed: every Monday in February.
-        [utc(2024, 2, 5), utc(2024, 2, 12), utc(2024, 2, 19), utc(2024, 2, 26),
-         utc(2025, 2, 3)],
+        [utc(2024, 2, 5), utc(2024, 2, 12), utc(2024, 2, 19), utc(2024, 2, 26), utc(2025, 2, 3)],
         id="impossible-day-of-month-is-fine-when-day-of-week-can-match",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("expression", "after", "expected"), BY_HAND)

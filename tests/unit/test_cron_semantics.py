@@ -197,15 +197,31 @@ def test_seconds_field_against_reference(expression: str, pred: Pred) -> None:
 
 
 SECONDS_BY_HAND: list[tuple[str, bool, datetime, list[datetime]]] = [
-    ("30 0 12 * * *", True, utc(2024, 1, 1, 12, 0, 30),
-     [utc(2024, 1, 2, 12, 0, 30), utc(2024, 1, 3, 12, 0, 30)]),
-    ("0-2 5 * * * *", True, utc(2024, 1, 1, 10),
-     [utc(2024, 1, 1, 10, 5, 0), utc(2024, 1, 1, 10, 5, 1), utc(2024, 1, 1, 10, 5, 2),
-      utc(2024, 1, 1, 11, 5, 0)]),
+    (
+        "30 0 12 * * *",
+        True,
+        utc(2024, 1, 1, 12, 0, 30),
+        [utc(2024, 1, 2, 12, 0, 30), utc(2024, 1, 3, 12, 0, 30)],
+    ),
+    (
+        "0-2 5 * * * *",
+        True,
+        utc(2024, 1, 1, 10),
+        [
+            utc(2024, 1, 1, 10, 5, 0),
+            utc(2024, 1, 1, 10, 5, 1),
+            utc(2024, 1, 1, 10, 5, 2),
+            utc(2024, 1, 1, 11, 5, 0),
+        ],
+    ),
     # Five fields fire at second 0.
-    ("* * * * *", False, utc(2024, 1, 1, 10, 0, 0, 1),
-     [utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 2)]),
-]  # fmt: skip
+    (
+        "* * * * *",
+        False,
+        utc(2024, 1, 1, 10, 0, 0, 1),
+        [utc(2024, 1, 1, 10, 1), utc(2024, 1, 1, 10, 2)],
+    ),
+]
 
 
 @pytest.mark.parametrize(

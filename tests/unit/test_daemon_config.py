@@ -775,8 +775,15 @@ def test_variables_are_expanded_from_the_given_environment() -> None:
     )
     assert parsed_job.schedule == "*/7 * * * *"
     assert parsed_job.command == (
-        "echo", "hello world", "fallback", "blank", "[]", "${WHO}", "100$", "$WHO",
-    )  # fmt: skip
+        "echo",
+        "hello world",
+        "fallback",
+        "blank",
+        "[]",
+        "${WHO}",
+        "100$",
+        "$WHO",
+    )
     assert parsed_job.cwd == "/srv/x"
     assert parsed_job.env == (("GREETING", "hi world"),)
     assert parsed_job.tags == ("world",)

@@ -118,8 +118,13 @@ def test_check_reports_a_bad_notify_table(tmp_path: Path) -> None:
     assert "[notify]: unknown setting 'evnts'" in result.stdout + result.stderr
     assert "ping_url: must be an http:// or https:// URL" in result.stdout + result.stderr
     assert "SECRET" not in result.stdout + result.stderr
-    good = write(tmp_path, GOOD.replace("${HOOK_TOKEN}", "x").replace("${API_TOKEN}", "y")
-                 .replace("${PING_UUID}", "z"), "good.toml")  # fmt: skip
+    good = write(
+        tmp_path,
+        GOOD.replace("${HOOK_TOKEN}", "x")
+        .replace("${API_TOKEN}", "y")
+        .replace("${PING_UUID}", "z"),
+        "good.toml",
+    )
     assert replicron("check", str(good)).returncode == 0
 
 

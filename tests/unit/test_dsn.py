@@ -11,13 +11,19 @@ from replicron.dsn import mask_dsn, mask_secrets
     ("dsn", "masked"),
     [
         ("postgresql://app:s3cret@db:5432/jobs", "postgresql://app:***@db:5432/jobs"),
-        ("postgres://app:p%40ss@db/jobs?sslmode=require", "postgres://app:***@db/jobs?sslmode=require"),
+        (
+            "postgres://app:p%40ss@db/jobs?sslmode=require",
+            "postgres://app:***@db/jobs?sslmode=require",
+        ),
         ("postgresql://app@db/jobs", "postgresql://app@db/jobs"),
         ("host=db user=app password=s3cret dbname=x", "host=db user=app password=*** dbname=x"),
         ("host=db password = 'with space' dbname=jobs", "host=db password = *** dbname=jobs"),
         ("error at postgresql://u:pw@h/d: refused", "error at postgresql://u:***@h/d: refused"),
         ("postgresql://u:ab#cd@h/db", "postgresql://u:***@h/db"),
-        ("postgresql+psycopg://postgres:ab#cd@db:5432/x", "postgresql+psycopg://postgres:***@db:5432/x"),
+        (
+            "postgresql+psycopg://postgres:ab#cd@db:5432/x",
+            "postgresql+psycopg://postgres:***@db:5432/x",
+        ),
         ("postgresql://u:p@ss@h/db", "postgresql://u:***@h/db"),
         ("postgresql://u:a?b@h", "postgresql://u:***@h"),
         ("postgresql://:only@h/db", "postgresql://:***@h/db"),
@@ -29,7 +35,7 @@ from replicron.dsn import mask_dsn, mask_secrets
         ),
         ("postgresql://h:5432/db", "postgresql://h:5432/db"),
     ],
-)  # fmt: skip
+)
 def test_mask_dsn(dsn: str, masked: str) -> None:
     assert mask_dsn(dsn) == masked
     assert "s3cret" not in mask_dsn(dsn)

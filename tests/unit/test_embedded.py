@@ -62,8 +62,9 @@ async def claim_one(backend: EmbeddedBackend, job: str, n: int, *, lock: bool) -
 
 
 async def skip(backend: EmbeddedBackend, job: str, n: int) -> None:
-    record = RunRecord(job, tick(n), Outcome.SKIPPED_OVERLAP, backend.replica_id, None, None,
-                       None, None)  # fmt: skip
+    record = RunRecord(
+        job, tick(n), Outcome.SKIPPED_OVERLAP, backend.replica_id, None, None, None, None
+    )
     await backend.release([Release(record, False)])
 
 
@@ -360,8 +361,11 @@ def test_a_killed_claimant_frees_its_job_and_its_run_ends_abandoned(tmp_path: Pa
         backend = await opened(tmp_path, janitor_interval=3600)
         with subprocess.Popen(
             [sys.executable, "-c", _CLAIM_IN_CHILD, str(tmp_path)],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        ) as child:  # fmt: skip
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as child:
             try:
                 assert child.stdout is not None
                 assert child.stdout.readline().split()[0] == "claimed"
@@ -606,10 +610,12 @@ def test_runs_pruned_by_retention_still_count_against_max_runs(tmp_path: Path) -
 
     async def main() -> list[ClaimStatus]:
         backend = await opened(tmp_path)
-        claims = await backend.claim([
-            ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned runs + tick 4
-            ClaimRequest("sync", tick(5), False, max_runs=3),
-        ])  # fmt: skip
+        claims = await backend.claim(
+            [
+                ClaimRequest("report", tick(5), False, max_runs=3),  # 2 pruned runs + tick 4
+                ClaimRequest("sync", tick(5), False, max_runs=3),
+            ]
+        )
         await backend.close()
         return [c.status for c in claims]
 

@@ -38,9 +38,15 @@ from tests.helpers import START, noop
 
 def spec(name: str, **options: object) -> JobSpec:
     fields: dict[str, object] = {
-        "tags": (), "overlap": "skip", "timeout": None, "start_at": None, "stop_at": None,
-        "max_runs": None, "catch_up": "latest", "misfire_grace": None,
-    }  # fmt: skip
+        "tags": (),
+        "overlap": "skip",
+        "timeout": None,
+        "start_at": None,
+        "stop_at": None,
+        "max_runs": None,
+        "catch_up": "latest",
+        "misfire_grace": None,
+    }
     fields.update(options)
     trigger = fields.pop("trigger", every(seconds=10))
     return build_job_spec(trigger, noop, (), {}, name=name, default_tz=START.tzinfo, **fields)  # type: ignore[arg-type]
@@ -55,16 +61,23 @@ class Parts:
         self.life = Lifecycle()
         self.wakes = 0
         self.registry = JobRegistry(
-            clock=self.clock, timezone=START.tzinfo,  # type: ignore[arg-type]
-            backend=self.backend, life=self.life, wake=self._woken,
-        )  # fmt: skip
+            clock=self.clock,
+            timezone=START.tzinfo,  # type: ignore[arg-type]
+            backend=self.backend,
+            life=self.life,
+            wake=self._woken,
+        )
         self.background = Background(lambda: None)
         self.observer = Observer(logging.getLogger("tests.parts"), "r1", (), self.background.spawn)
         self.recorder = Recorder(
-            backend=self.backend, registry=self.registry, observer=self.observer,
-            background=self.background, life=self.life, replica_id="r1",
+            backend=self.backend,
+            registry=self.registry,
+            observer=self.observer,
+            background=self.background,
+            life=self.life,
+            replica_id="r1",
             health=BackendHealth(self.observer, self.clock.now),
-        )  # fmt: skip
+        )
 
     def _woken(self) -> None:
         self.wakes += 1
@@ -224,9 +237,13 @@ def test_catch_up_runs_the_latest_missed_tick_and_records_the_rest() -> None:
     # The job last ran a minute ago: five ticks fell due since, while nobody ran it.
     last = RunRecord("a", START, Outcome.SUCCEEDED, "old", 1, START, START, None)
     recovery = Recovery(
-        backend=backend, registry=parts.registry, recorder=parts.recorder,
-        retries=Retries(), observer=parts.observer, queue_backlogs=no_backlog,
-    )  # fmt: skip
+        backend=backend,
+        registry=parts.registry,
+        recorder=parts.recorder,
+        retries=Retries(),
+        observer=parts.observer,
+        queue_backlogs=no_backlog,
+    )
     parts.clock.advance(timedelta(seconds=55))
 
     async def catch_up() -> list[Tick]:

@@ -109,9 +109,14 @@ def test_outcomes_say_whether_the_task_ran_and_whether_it_went_wrong() -> None:
     from replicron import Outcome
 
     assert {o for o in Outcome if o.ran} == {
-        Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABANDONED,
-    }  # fmt: skip
+        Outcome.SUCCEEDED,
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.ABANDONED,
+    }
     assert {o for o in Outcome if o.is_failure} == {
-        Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABANDONED,
-    }  # fmt: skip
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.ABANDONED,
+    }
     assert Outcome("paused").ran is False

@@ -129,9 +129,12 @@ def test_a_run_timed_out_while_it_waited_for_a_thread_is_not_called(
 
 @pytest.mark.parametrize("kind", ["memory", "embedded"])
 def test_a_run_missed_on_its_thread_does_not_use_up_max_runs_while_the_job_ticks(
-    make: Callable[..., Scheduler], clock: FakeClock, recorder: Recorder, tmp_path: Path,
+    make: Callable[..., Scheduler],
+    clock: FakeClock,
+    recorder: Recorder,
+    tmp_path: Path,
     kind: str,
-) -> None:  # fmt: skip
+) -> None:
     backend = MemoryBackend() if kind == "memory" else EmbeddedBackend(tmp_path / "state")
     s = make(clock=clock, listeners=[recorder], max_workers=1, backend=backend)
     max_runs_while_ticking(s, clock, recorder, shared=kind != "memory")

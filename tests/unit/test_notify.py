@@ -45,9 +45,15 @@ def fine() -> None:
 
 def failed_event(job: str = "etl") -> RunEvent:
     return RunEvent(
-        job, T1, "r1", run_id=7, outcome=Outcome.FAILED, started_at=T1,
-        finished_at=T1 + timedelta(seconds=2), error=RuntimeError("boom"),
-    )  # fmt: skip
+        job,
+        T1,
+        "r1",
+        run_id=7,
+        outcome=Outcome.FAILED,
+        started_at=T1,
+        finished_at=T1 + timedelta(seconds=2),
+        error=RuntimeError("boom"),
+    )
 
 
 def test_each_run_that_went_wrong_is_posted_once_with_its_fields() -> None:
@@ -112,8 +118,12 @@ def test_each_run_that_went_wrong_is_posted_once_with_its_fields() -> None:
 def test_the_function_form_gets_the_same_dict_filtered_by_job_and_fields() -> None:
     calls: list[dict[str, Any]] = []
     clock = FakeClock(START)
-    notifier = Notifier(call=calls.append, jobs=["etl"], fields=["event", "job", "error"],
-                        events=["failed", "succeeded"])  # fmt: skip
+    notifier = Notifier(
+        call=calls.append,
+        jobs=["etl"],
+        fields=["event", "job", "error"],
+        events=["failed", "succeeded"],
+    )
     s = Scheduler(clock=clock, replica_id="r1")
     notifier.attach(s)
     s.add_job(every(seconds=10), broken, name="etl")
@@ -213,8 +223,11 @@ def test_a_delivery_is_given_up_after_its_attempts_and_counted(
     assert "HTTP 403" in given_up[1]
     record = vars(next(r for r in caplog.records if r.levelno == logging.WARNING))
     assert (record["event"], record["job"], record["tick"], record["run_id"]) == (
-        "notify_failed", "etl", T1.isoformat(), 7,
-    )  # fmt: skip
+        "notify_failed",
+        "etl",
+        T1.isoformat(),
+        7,
+    )
 
 
 def test_a_hanging_endpoint_delays_no_run_and_a_stop_only_by_flush_timeout() -> None:
@@ -275,9 +288,12 @@ def test_no_secret_of_a_url_or_header_shows_in_logs_errors_or_repr(
         receiver.statuses = [500] * 3
         url = f"http://hook:pa55word@127.0.0.1:{receiver.port}/services/T0/B0/SECRETTOKEN?token=qwerty123"
         notifier = Notifier(
-            url, headers={"Authorization": "Bearer sekrit-value"}, backoff=0.01, attempts=3,
+            url,
+            headers={"Authorization": "Bearer sekrit-value"},
+            backoff=0.01,
+            attempts=3,
             pings={"etl": f"http://127.0.0.1:{receiver.port}/0f1e2d3c-uuid-ping"},
-        )  # fmt: skip
+        )
         notifier.after_failure(failed_event())
         assert notifier.flush(10)
         got = receiver.wait_for(4)
@@ -288,8 +304,16 @@ def test_no_secret_of_a_url_or_header_shows_in_logs_errors_or_repr(
     with pytest.raises(InvalidNotifierError) as bad_ping:
         Notifier(pings={"etl": "hc-ping.com/0f1e2d3c-uuid"})
     shown = caplog.text + repr(notifier) + str(bad.value) + str(bad_ping.value)
-    for secret in ("pa55word", "SECRETTOKEN", "qwerty123", "sekrit-value", "0f1e2d3c-uuid",
-                   "pw12345", "abcd5678", "hook:"):  # fmt: skip
+    for secret in (
+        "pa55word",
+        "SECRETTOKEN",
+        "qwerty123",
+        "sekrit-value",
+        "0f1e2d3c-uuid",
+        "pw12345",
+        "abcd5678",
+        "hook:",
+    ):
         assert secret not in shown
     assert f"http://127.0.0.1:{receiver.port}/***" in caplog.text
     assert repr(notifier) == (
@@ -315,8 +339,10 @@ def test_basic_auth_in_the_url_is_sent_as_a_header() -> None:
         ({"url": 5}, "notifier url: must be an http(s) URL string, not 5"),
         ({"events": ["fialed"]}, "notifier events: unknown name 'fialed' (known: failed"),
         ({"fields": ["jobb"]}, "notifier fields: unknown name 'jobb'"),
-        ({"pings": {"nightly": "mailto:ops@example.com"}},
-         "notifier: job 'nightly': ping URL: must be an http:// or https:// URL"),
+        (
+            {"pings": {"nightly": "mailto:ops@example.com"}},
+            "notifier: job 'nightly': ping URL: must be an http:// or https:// URL",
+        ),
         ({"pings": {" x": "https://hc-ping.com/u"}}, "notifier pings: job name ' x'"),
         ({"link": "https://x/{jobname}"}, "notifier link: unknown placeholder {jobname}"),
         ({"attempts": 0}, "notifier attempts: must be at least 1"),
@@ -324,7 +350,7 @@ def test_basic_auth_in_the_url_is_sent_as_a_header() -> None:
         ({"headers": {"X-Token": "a\nb"}}, "notifier headers: X-Token: the value must be"),
         ({"url": "https://x/h", "call": print}, "notifier: give url or call, not both"),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_are_refused_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidNotifierError) as raised:
         Notifier(**kwargs)

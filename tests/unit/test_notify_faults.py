@@ -63,9 +63,11 @@ def test_a_redirect_is_not_followed_so_credentials_stay_with_the_endpoint(
         endpoint.statuses = [302, 307]
         endpoint.location = elsewhere.url("/collect")
         notifier = Notifier(
-            endpoint.url().replace("//", "//user:pass-word@"), headers={"X-Api-Key": "key-123"},
-            attempts=3, backoff=0.01,
-        )  # fmt: skip
+            endpoint.url().replace("//", "//user:pass-word@"),
+            headers={"X-Api-Key": "key-123"},
+            attempts=3,
+            backoff=0.01,
+        )
         notifier.after_failure(failed_event("a"))
         notifier.after_failure(failed_event("b"))
         assert notifier.flush(10)

@@ -300,9 +300,12 @@ def test_start_stop_and_max_runs(
     scheduler: Scheduler, clock: FakeClock, recorder: Recorder
 ) -> None:
     scheduler.add_job(
-        every(seconds=10), noop, name="window",
-        start_at=START + timedelta(seconds=20), stop_at=START + timedelta(seconds=40),
-    )  # fmt: skip
+        every(seconds=10),
+        noop,
+        name="window",
+        start_at=START + timedelta(seconds=20),
+        stop_at=START + timedelta(seconds=40),
+    )
     limited = scheduler.add_job(every(seconds=10), noop, name="limited", max_runs=2)
     for second, successes in ((10, 1), (20, 3), (30, 4)):
         step(clock, START + timedelta(seconds=second))

@@ -237,9 +237,14 @@ def test_every_problem_of_a_job_is_raised_at_once_one_line_each() -> None:
     scheduler = Scheduler()
     with pytest.raises(InvalidJobOptionError) as raised:
         scheduler.add_job(
-            every(minutes=5), task, name="report", overlap="sometimes",  # type: ignore[arg-type]
-            catch_up="never", timeout=-1, max_runs=0,  # type: ignore[arg-type]
-        )  # fmt: skip
+            every(minutes=5),
+            task,
+            name="report",
+            overlap="sometimes",  # type: ignore[arg-type]
+            catch_up="never",  # type: ignore[arg-type]
+            timeout=-1,
+            max_runs=0,
+        )
     arguments, *options = str(raised.value).splitlines()
     assert arguments.startswith("job 'report': arguments do not fit task("), arguments
     assert arguments.endswith("missing a required argument: 'region'"), arguments

@@ -130,14 +130,18 @@ def test_the_cli_never_shows_the_password(
         ),
         ("postgresql://u:p%40ss@h/db", "saw p@ss and p%40ss", "saw *** and ***"),
         ("host=h password='two words'", "got 'two words'", "got '***'"),
-        ("postgresql://u:ab#cd@h/db", "in URI: postgresql://u:ab#cd@h/db", "in URI: postgresql://u:***@h/db"),
+        (
+            "postgresql://u:ab#cd@h/db",
+            "in URI: postgresql://u:ab#cd@h/db",
+            "in URI: postgresql://u:***@h/db",
+        ),
         # By shape, whoever's password it is.
         ("host=h", "at postgresql://x:other@h/db", "at postgresql://x:***@h/db"),
         ("host=h", "password=other sslmode=require", "password=*** sslmode=require"),
         # Nothing to mask.
         ("postgresql://u@h/db", "connection refused", "connection refused"),
     ],
-)  # fmt: skip
+)
 def test_masked(conninfo: str, message: str, expected: str) -> None:
     assert masked(message, conninfo) == expected
 

@@ -97,7 +97,7 @@ def call(app: Any, path: str = "/", *, method: str = "GET", root_path: str = "")
 
 async def request(
     app: Any, path: str = "/", *, method: str = "GET", root_path: str = ""
-) -> Response:  # fmt: skip
+) -> Response:
     """One HTTP request through the app, the way an ASGI server makes it."""
     scope: dict[str, Any] = {
         "type": "http",
@@ -140,9 +140,12 @@ def test_page_shows_every_job_fact_and_refreshes() -> None:
     running = job_view("digest", running=(("web-2", 812),), blocked_by=(("web-9", 77),))
     paused = job_view("rotate", paused=Pause("rotate", NOW - timedelta(hours=2), "alice"))
     drifted = job_view(
-        "sync", drift=(drift_registration("web-1", "every(1 min)"),
-                       drift_registration("web-2", "every(2 min)"))
-    )  # fmt: skip
+        "sync",
+        drift=(
+            drift_registration("web-1", "every(1 min)"),
+            drift_registration("web-2", "every(2 min)"),
+        ),
+    )
     app = status_app(Source(cluster(failed, overdue, running, paused, drifted)), refresh=7)
     response = call(app)
     assert response.status == 200
@@ -550,10 +553,17 @@ def test_the_page_shows_the_problems_the_status_has_and_no_others() -> None:
     ``problems()`` and ``--check``, so not FAILED on the page either."""
     long_ago = NOW - timedelta(days=2)
     history = job_view(
-        "dropped", trigger=None, registered=False, scheduled_by=(), last_outcome="failed",
-        last_error="RuntimeError: gone", last_scheduled_at=long_ago, last_started_at=long_ago,
-        last_finished_at=long_ago, next_due=None,
-    )  # fmt: skip
+        "dropped",
+        trigger=None,
+        registered=False,
+        scheduled_by=(),
+        last_outcome="failed",
+        last_error="RuntimeError: gone",
+        last_scheduled_at=long_ago,
+        last_started_at=long_ago,
+        last_finished_at=long_ago,
+        next_due=None,
+    )
     recent = replace(history, job="dropped-today", last_finished_at=NOW - timedelta(hours=2))
     status = cluster(history, recent)
     assert status.problems() == [
@@ -578,9 +588,11 @@ def test_a_job_has_one_badge_per_kind_of_problem_the_worst_first() -> None:
         last_outcome="abandoned",
         overdue_since=NOW - timedelta(minutes=3),
         blocked_by=(("web-8", 5), ("web-9", 6)),
-        drift=(drift_registration("web-1", "every(1 min)"),
-               drift_registration("web-2", "every(2 min)")),
-    )  # fmt: skip
+        drift=(
+            drift_registration("web-1", "every(1 min)"),
+            drift_registration("web-2", "every(2 min)"),
+        ),
+    )
     status = cluster(drifted)
     assert len(status.problems()) == 5
     page = call(status_app(Source(status))).text

@@ -147,9 +147,13 @@ class _Demo:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
                 start_new_session=True,  # Ctrl-C reaches the parent only; it stops them
-            )  # fmt: skip
+            )
         assert proc.stdout is not None
         reader = threading.Thread(
             target=self._read, args=(name, proc.stdout), name=f"demo-read-{name}", daemon=True
@@ -232,9 +236,13 @@ class _Demo:
                 return
             at = datetime.fromisoformat(message["tick"]).astimezone(UTC)
             report = _Report(
-                kind, name, message.get("run_id"), message.get("late_ms"),
-                message.get("outcome"), message.get("why"),
-            )  # fmt: skip
+                kind,
+                name,
+                message.get("run_id"),
+                message.get("late_ms"),
+                message.get("outcome"),
+                message.get("why"),
+            )
             tick = self._tick(str(message["job"]), at)
         except (ValueError, KeyError, TypeError):
             return  # not one of ours: ignore

@@ -98,10 +98,14 @@ class Reporter(Listener):
 
     def _ran(self, event: RunEvent) -> None:
         self.channel.tick(
-            "ran", event.job, event.scheduled_at, run_id=event.run_id,
-            late_ms=_ms(event.lateness), took_ms=_ms(event.duration),
+            "ran",
+            event.job,
+            event.scheduled_at,
+            run_id=event.run_id,
+            late_ms=_ms(event.lateness),
+            took_ms=_ms(event.duration),
             outcome=None if event.outcome is None else event.outcome.value,
-        )  # fmt: skip
+        )
 
     def after_success(self, event: RunEvent) -> None:
         self._ran(event)

@@ -70,9 +70,12 @@ class Chain:
         return tick
 
     def learn(
-        self, last: LastFinish | None, now: datetime, due: datetime | None,
+        self,
+        last: LastFinish | None,
+        now: datetime,
+        due: datetime | None,
         start_at: datetime | None,
-    ) -> datetime | _Keep | None:  # fmt: skip
+    ) -> datetime | _Keep | None:
         """The job's next tick by its latest ledger row ``last`` read at ``now`` (``None``
         while its run goes on), or :data:`KEEP`: the planned one ``due`` stands."""
         handed_out = self.handed_out

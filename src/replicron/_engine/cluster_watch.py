@@ -91,9 +91,17 @@ def fingerprint_of(spec: JobSpec) -> str:
     func = spec.func
     where = f"{getattr(func, '__module__', '')}.{getattr(func, '__qualname__', type(func))}"
     shape = (
-        _stable_repr(spec.trigger), spec.overlap, spec.timeout, spec.start_at, spec.stop_at,
-        spec.max_runs, spec.catch_up, spec.misfire_grace, where, spec.is_async,
-    )  # fmt: skip
+        _stable_repr(spec.trigger),
+        spec.overlap,
+        spec.timeout,
+        spec.start_at,
+        spec.stop_at,
+        spec.max_runs,
+        spec.catch_up,
+        spec.misfire_grace,
+        where,
+        spec.is_async,
+    )
     return hashlib.sha256(repr(shape).encode()).hexdigest()[:16]
 
 
@@ -233,11 +241,12 @@ class ClusterWatch:
             fingerprint = self._fingerprint(spec)
             try:
                 if (
-                    written is not None and written.fingerprint == fingerprint
+                    written is not None
+                    and written.fingerprint == fingerprint
                     and (not written.expected or written.expected[-1] >= now + HORIZON / 2)
                     # a job that has no more ticks (its max_runs reached) says so at once
                     and (not written.expected or registry.next_runs(spec.name, 1))
-                ):  # fmt: skip
+                ):
                     current[spec.name] = written
                     continue
                 expected = self._expected(spec.name, now, _runs_left(state))
@@ -291,11 +300,14 @@ class ClusterWatch:
                 continue
             self._drift_seen.add(key)
             self._observer.log(
-                _WARNING, "drift", f"replica {other.replica_id} schedules this job as "
+                _WARNING,
+                "drift",
+                f"replica {other.replica_id} schedules this job as "
                 f"{other.trigger} (definition {other.fingerprint}) and this replica as "
                 f"{own.trigger} (definition {own.fingerprint}): the cluster runs the ticks of "
-                "both; deploy one definition everywhere", other.job,
-            )  # fmt: skip
+                "both; deploy one definition everywhere",
+                other.job,
+            )
 
     async def _read(self) -> None:
         assert self._backend is not None

@@ -71,8 +71,11 @@ class Dispatcher:
     ) -> None:
         self._backend, self._clock, self._registry = backend, clock, registry
         self._runs, self._recorder, self._retries, self._observer = (
-            runs, recorder, retries, observer,
-        )  # fmt: skip
+            runs,
+            recorder,
+            retries,
+            observer,
+        )
         self.max_concurrent_jobs = max_concurrent_jobs
         self.concurrency_mode = concurrency_mode
         self.waiting: deque[tuple[JobState, Claim]] = deque()  # concurrency limit "queue"
@@ -204,9 +207,12 @@ class Dispatcher:
                     unusual[len(states)] = action
             request = prepared_get(job)
             if (
-                request is not None and request[1] is scheduled_at and request[2] is lock
-                and request[4] is max_runs and not manual
-            ):  # fmt: skip
+                request is not None
+                and request[1] is scheduled_at
+                and request[2] is lock
+                and request[4] is max_runs
+                and not manual
+            ):
                 del prepared[job]
             else:
                 request = _new(ClaimRequest, (job, scheduled_at, lock, manual, max_runs))
@@ -316,28 +322,46 @@ class Dispatcher:
             record(state, claim, Outcome.SKIPPED_OVERLAP, "running on another replica")
         elif status is ClaimStatus.EARLY:
             self._observer.log(
-                _DEBUG, "early", "not yet due by the backend's clock; asking again shortly",
-                claim.job, claim.scheduled_at,
-            )  # fmt: skip
+                _DEBUG,
+                "early",
+                "not yet due by the backend's clock; asking again shortly",
+                claim.job,
+                claim.scheduled_at,
+            )
             self._retries.early(Tick(claim.job, claim.scheduled_at), now)
         elif status is ClaimStatus.PAUSED:  # recorded by the claim: only told here
             paused = RunRecord(
-                claim.job, claim.scheduled_at, Outcome.PAUSED, self._observer.replica_id,
-                claim.run_id, None, None, "the job is paused", claim.manual,
-            )  # fmt: skip
+                claim.job,
+                claim.scheduled_at,
+                Outcome.PAUSED,
+                self._observer.replica_id,
+                claim.run_id,
+                None,
+                None,
+                "the job is paused",
+                claim.manual,
+            )
             self._recorder.report(paused, state, detail="the job is paused")
         elif status is ClaimStatus.EXHAUSTED and state.may_miss:
             self._observer.log(
-                _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached for now: a "
+                _INFO,
+                "exhausted",
+                f"max_runs ({state.spec.max_runs}) reached for now: a "
                 "run of the job waiting for a worker thread may yet be missed, and the job go "
-                "on", claim.job, claim.scheduled_at,
-            )  # fmt: skip
+                "on",
+                claim.job,
+                claim.scheduled_at,
+            )
         elif status is ClaimStatus.EXHAUSTED:
             self._registry.retire(claim.job, state)
             self._observer.log(
-                _INFO, "exhausted", f"max_runs ({state.spec.max_runs}) reached across the "
-                "replicas: the job has no more ticks", claim.job, claim.scheduled_at,
-            )  # fmt: skip
+                _INFO,
+                "exhausted",
+                f"max_runs ({state.spec.max_runs}) reached across the "
+                "replicas: the job has no more ticks",
+                claim.job,
+                claim.scheduled_at,
+            )
         elif action == "abandon":
             why = "lost its lock with the backend session before it started; not run"
             record(state, claim, Outcome.ABANDONED, why, unlock=claim.locked)

@@ -97,36 +97,64 @@ class Engine:
         refusal = (lambda: None) if shared is None else (lambda: shared.refusal)
         self.health = health = BackendHealth(self.observer, clock.now, refusal)
         self.registry = JobRegistry(
-            clock=clock, timezone=timezone, backend=backend, life=self.life, wake=self._poke,
-            changed=self._job_changed, replica_id=replica_id,
-        )  # fmt: skip
+            clock=clock,
+            timezone=timezone,
+            backend=backend,
+            life=self.life,
+            wake=self._poke,
+            changed=self._job_changed,
+            replica_id=replica_id,
+        )
         self._recorder = Recorder(
-            backend=backend, registry=self.registry, observer=self.observer,
-            background=self._background, life=self.life, replica_id=replica_id, health=health,
-        )  # fmt: skip
+            backend=backend,
+            registry=self.registry,
+            observer=self.observer,
+            background=self._background,
+            life=self.life,
+            replica_id=replica_id,
+            health=health,
+        )
         self._runs = RunExecutor(
-            clock=clock, replica_id=replica_id, registry=self.registry, recorder=self._recorder,
-            observer=self.observer, life=self.life, max_workers=max_workers, defer_gc=defer_gc,
+            clock=clock,
+            replica_id=replica_id,
+            registry=self.registry,
+            recorder=self._recorder,
+            observer=self.observer,
+            life=self.life,
+            max_workers=max_workers,
+            defer_gc=defer_gc,
             on_idle=self._quiet_may_have_changed,
             lease_end=backend.lease_end if isinstance(backend, LeasedRuns) else None,
-        )  # fmt: skip
+        )
         self._retries = Retries()
         self.leadership = Leadership(backend, self.registry, self.observer, self._poke)
         self._dispatcher = Dispatcher(
-            backend=backend, clock=clock, registry=self.registry, runs=self._runs,
-            recorder=self._recorder, retries=self._retries, observer=self.observer,
-            max_concurrent_jobs=max_concurrent_jobs, concurrency_mode=concurrency_mode,
-            shared=shared, leadership=self.leadership,
+            backend=backend,
+            clock=clock,
+            registry=self.registry,
+            runs=self._runs,
+            recorder=self._recorder,
+            retries=self._retries,
+            observer=self.observer,
+            max_concurrent_jobs=max_concurrent_jobs,
+            concurrency_mode=concurrency_mode,
+            shared=shared,
+            leadership=self.leadership,
             # Only on real time: a fake clock's instants are the ones a test sets.
             claim_ahead=shared.claims_ahead
-            if shared is not None and isinstance(clock, ClusterClock) else None,
-        )  # fmt: skip
+            if shared is not None and isinstance(clock, ClusterClock)
+            else None,
+        )
         self._runs.sync.on_thread_free = self._thread_freed
         self._recorder.after_release = self._dispatcher.after_release
-        self._recovery = Recovery(backend=backend, registry=self.registry,
-                                  recorder=self._recorder, retries=self._retries,
-                                  observer=self.observer,
-                                  queue_backlogs=self._dispatcher.queue_backlogs)  # fmt: skip
+        self._recovery = Recovery(
+            backend=backend,
+            registry=self.registry,
+            recorder=self._recorder,
+            retries=self._retries,
+            observer=self.observer,
+            queue_backlogs=self._dispatcher.queue_backlogs,
+        )
         self.cluster = ClusterWatch(backend, self.registry, self.observer, health)
         self._chains = ChainReads(backend, self.registry, health)
         self._membership = Membership(shared, health, self._background)
@@ -208,9 +236,12 @@ class Engine:
         await self.cluster.stop()
         for job, asked_at in self.registry.drop_manual():
             self.observer.log(
-                _WARNING, "missed", "a manual run asked for (run_now) was not run: the "
-                "scheduler shut down first", job, asked_at,
-            )  # fmt: skip
+                _WARNING,
+                "missed",
+                "a manual run asked for (run_now) was not run: the scheduler shut down first",
+                job,
+                asked_at,
+            )
         if waits:
             await self._runs.wait_finished(max(0.0, stop_by - time.monotonic()))
         await self._hand_over_deferred(max(0.0, stop_by - time.monotonic()), staying)
@@ -251,16 +282,19 @@ class Engine:
         handed, left = held_by_staying(spreader.take_all(), staying or {})
         if handed:
             self.observer.log(
-                _INFO, "handed_over", f"{len(handed)} ticks left for the replicas that stay "
+                _INFO,
+                "handed_over",
+                f"{len(handed)} ticks left for the replicas that stay "
                 f"({', '.join(sorted(staying or ()))})",
-            )  # fmt: skip
+            )
         if not left:
             return
         why = (
             "left for a replica with a free worker thread; none took it before shutdown"
-            if not staying else "left for a replica with a free worker thread; the replicas "
+            if not staying
+            else "left for a replica with a free worker thread; the replicas "
             "that stay joined after it was due, so none of them holds it"
-        )  # fmt: skip
+        )
         missed = self._recovery.record_missed(left, {}, why)
         if await self._guarded(missed, left, RECORDING_MISSED) is _FAILED:
             self._retries.unhandle(left, self.clock.now())
@@ -451,9 +485,12 @@ class Engine:
             return False
         dispatcher = self._dispatcher
         return not (
-            self._runs or dispatcher.waiting or dispatcher.spreader or self._recorder
+            self._runs
+            or dispatcher.waiting
+            or dispatcher.spreader
+            or self._recorder
             or self._background
-        )  # fmt: skip
+        )
 
     def _quiet_may_have_changed(self) -> None:
         if self._quiet_changed is not None:

@@ -98,19 +98,23 @@ class BackendHealth:
             self._down_since = self._reminded_at = now
             if is_outage(exc):
                 self._observer.log(
-                    _WARNING, "backend_unavailable", f"backend unavailable ({doing}): "
+                    _WARNING,
+                    "backend_unavailable",
+                    f"backend unavailable ({doing}): "
                     f"{_reason(exc)}; "
                     f"trying again every {RETRY_UNREACHABLE:g} s: the ticks that fall due "
                     "meanwhile are handled once it answers",
-                )  # fmt: skip
+                )
             return
         assert self._reminded_at is not None
         if now - self._reminded_at >= REMIND_EVERY:
             self._reminded_at = now
             self._observer.log(
-                _WARNING, "backend_unavailable", f"backend still unavailable after "
+                _WARNING,
+                "backend_unavailable",
+                f"backend still unavailable after "
                 f"{_since(now - self._down_since)} ({self._reason})",
-            )  # fmt: skip
+            )
 
     def answered(self, doing: str) -> None:
         """A call to the backend, ``doing`` something, got its answer: a statement ran."""

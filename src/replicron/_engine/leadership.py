@@ -130,9 +130,11 @@ class Leadership:
         if not leading:
             self._drop_deferred()
             observer.log(
-                logging.WARNING, "leader_lost", "this replica is no longer the leader: it "
+                logging.WARNING,
+                "leader_lost",
+                "this replica is no longer the leader: it "
                 "leaves the ticks of leader-mode jobs to the next one",
-            )  # fmt: skip
+            )
             observer.notify("on_leader_lost", observer.replica_id)
             return None
         names = [name for name in self._registry.names() if self.led(name)]
@@ -141,9 +143,11 @@ class Leadership:
         # that fails is tried again from the same ticks.
         since = {name: at - _BEFORE for name, at in self._left.items()}
         observer.log(
-            logging.INFO, "leader_gained", f"this replica is the leader: it claims the ticks "
+            logging.INFO,
+            "leader_gained",
+            f"this replica is the leader: it claims the ticks "
             f"of {len(names)} leader-mode jobs, catching up what fell due without a leader",
-        )  # fmt: skip
+        )
         observer.notify("on_leader_gained", observer.replica_id)
         return names, since
 

@@ -93,6 +93,11 @@ class Observer:
         elif hook.startswith("on_job"):  # a job's name; other hooks get this replica's id
             job = event
         self.log(
-            logging.ERROR, "listener_failed", f"listener {hook} raised {exc!r}",
-            job, tick, run_id, exc_info=exc,
-        )  # fmt: skip
+            logging.ERROR,
+            "listener_failed",
+            f"listener {hook} raised {exc!r}",
+            job,
+            tick,
+            run_id,
+            exc_info=exc,
+        )

@@ -286,9 +286,10 @@ class Planner:
         """The fixed-delay jobs whose last finish is to be read from the ledger at ``now``
         (in one statement)."""
         return [
-            job for job, entry in self._chains.items()
+            job
+            for job, entry in self._chains.items()
             if entry.chain is not None and entry.chain.wants_read(now, entry.next_due)
-        ]  # fmt: skip
+        ]
 
     def chain_read_at(self) -> datetime | None:
         """When the ledger is to be read next for a fixed-delay job."""

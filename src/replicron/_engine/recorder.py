@@ -108,9 +108,16 @@ class Recorder:
         job's turn, so what waits behind it (a catch-up backlog) is started once recorded.
         Its finish is when it was recorded: a fixed-delay job's next tick follows it."""
         record = RunRecord(
-            state.spec.name, claim.scheduled_at, outcome, self.replica_id, claim.run_id,
-            None, self._registry.clock.now(), detail, claim.manual,
-        )  # fmt: skip
+            state.spec.name,
+            claim.scheduled_at,
+            outcome,
+            self.replica_id,
+            claim.run_id,
+            None,
+            self._registry.clock.now(),
+            detail,
+            claim.manual,
+        )
         self.report(record, state, detail=detail)
         self.release(record, unlock, state if then_next else None)
 
@@ -200,9 +207,14 @@ class Recorder:
                 trace = None if is_outage(exc) else exc
                 for record, _ in batch:
                     self._observer.log(
-                        _ERROR, "lock_error", f"could not record {record.outcome}: {exc!r}",
-                        record.job, record.scheduled_at, record.run_id, trace,
-                    )  # fmt: skip
+                        _ERROR,
+                        "lock_error",
+                        f"could not record {record.outcome}: {exc!r}",
+                        record.job,
+                        record.scheduled_at,
+                        record.run_id,
+                        trace,
+                    )
             for call in written:
                 call()
             if self._life.running:  # once stopping, nothing more starts
@@ -243,11 +255,19 @@ class Recorder:
                     )
         records = [
             RunRecord(
-                t.job, t.scheduled_at, missed, replica, None, None, now, why, False,
+                t.job,
+                t.scheduled_at,
+                missed,
+                replica,
+                None,
+                None,
+                now,
+                why,
+                False,
                 None if (state := registry.get(t.job)) is None else state.spec.max_runs,
             )
             for t in ticks
-        ]  # fmt: skip
+        ]
         early: list[Tick] = []
         if records:
             answers = await self._backend.record_unclaimed(records)

@@ -107,9 +107,14 @@ class Recovery:
                 continue
             spec = state.spec
             run, skip, span = resync_plan(
-                spec.trigger, first, last, now, spec.catch_up, spec.misfire_grace,
+                spec.trigger,
+                first,
+                last,
+                now,
+                spec.catch_up,
+                spec.misfire_grace,
                 superseded=name in due_now,
-            )  # fmt: skip
+            )
             if len(run) > 1:
                 backlogs[name] = run
             elif run:
@@ -139,10 +144,11 @@ class Recovery:
         if missed or older:
             to_run = len(runs) + sum(len(ticks) for ticks in backlogs.values())
             self._observer.log(
-                _INFO, "resync",
+                _INFO,
+                "resync",
                 f"ticks that fell due while the backend was unavailable: {to_run} to run, "
                 f"{count} recorded missed (by each job's catch_up and misfire_grace)",
-            )  # fmt: skip
+            )
         return runs
 
     async def record_unhandled_at_stop(self, limit: float) -> None:
@@ -164,9 +170,11 @@ class Recovery:
         except Exception as exc:
             listed = ", ".join(f"{job}@{tick.isoformat()}" for job, tick in ticks)
             self._observer.log(
-                _ERROR, "lock_error", f"could not record {len(ticks)} unhandled ticks as "
+                _ERROR,
+                "lock_error",
+                f"could not record {len(ticks)} unhandled ticks as "
                 f"missed before shutting down ({exc!r}): {listed}",
-            )  # fmt: skip
+            )
 
 
 def _ticks_of(backlogs: Mapping[str, list[datetime]]) -> list[Tick]:

@@ -41,9 +41,16 @@ __all__ = ["JobRegistry", "JobState", "event_of"]
 
 #: The options ``Job.update`` may change, and the spec fields they come from.
 _UPDATABLE = (
-    "tags", "overlap", "timeout", "start_at", "stop_at", "max_runs", "catch_up", "misfire_grace",
+    "tags",
+    "overlap",
+    "timeout",
+    "start_at",
+    "stop_at",
+    "max_runs",
+    "catch_up",
+    "misfire_grace",
     "leader",
-)  # fmt: skip
+)
 
 #: Microseconds a manual run's instant moves at most to step off the job's ticks.
 _MANUAL_STEPS = 1000
@@ -74,10 +81,19 @@ def event_of(
     record: RunRecord, error: BaseException | None = None, detail: str | None = None
 ) -> RunEvent:
     return RunEvent(
-        record.job, record.scheduled_at, record.replica_id, record.run_id, record.outcome,
-        record.started_at, record.finished_at, error, detail, record.manual, record.ticks,
+        record.job,
+        record.scheduled_at,
+        record.replica_id,
+        record.run_id,
+        record.outcome,
+        record.started_at,
+        record.finished_at,
+        error,
+        detail,
+        record.manual,
+        record.ticks,
         record.through,
-    )  # fmt: skip
+    )
 
 
 class JobRegistry:
@@ -161,8 +177,10 @@ class JobRegistry:
                 old.func if func is None else func,
                 old.args if args is None else _arguments(name, args),
                 old.kwargs if kwargs is None else _keyword_arguments(name, kwargs),
-                name=name, default_tz=self.timezone, **fields,
-            )  # fmt: skip
+                name=name,
+                default_tz=self.timezone,
+                **fields,
+            )
             try:
                 self._plan(state, check=True)
             except ConfigurationError:
@@ -389,9 +407,10 @@ class JobRegistry:
             self._planner.remove(spec.name)
             return
         if (
-            check and isinstance(spec.trigger, FixedDelayTrigger)
+            check
+            and isinstance(spec.trigger, FixedDelayTrigger)
             and not isinstance(self._backend, LastFinishes)
-        ):  # fmt: skip
+        ):
             raise InvalidJobOptionError(
                 f"job {spec.name!r}: trigger {spec.trigger!r} follows the last finish in the "
                 f"ledger, which {type(self._backend).__name__} cannot read (no last_finishes)"

@@ -26,10 +26,22 @@ class Run(RunContext):
     object (one allocation per run), the engine's bookkeeping of it."""
 
     __slots__ = (
-        "call", "error", "finished", "finished_at", "locked", "missed", "returned_late",
-        "start_by", "started_at", "state", "task", "timed_out", "unix_finished",
-        "unix_started", "unstarted",
-    )  # fmt: skip
+        "call",
+        "error",
+        "finished",
+        "finished_at",
+        "locked",
+        "missed",
+        "returned_late",
+        "start_by",
+        "started_at",
+        "state",
+        "task",
+        "timed_out",
+        "unix_finished",
+        "unix_started",
+        "unstarted",
+    )
 
     def __init__(self, state: JobState, job: str, scheduled_at: datetime, replica_id: str) -> None:
         # RunContext's fields set here rather than through its __init__: once per run. The
@@ -73,9 +85,17 @@ class Run(RunContext):
 
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
         return RunEvent(
-            self.job_name, self.scheduled_at, self.replica_id, self.run_id, outcome,
-            self.started_at, None, error, None, self.manual,
-        )  # fmt: skip
+            self.job_name,
+            self.scheduled_at,
+            self.replica_id,
+            self.run_id,
+            outcome,
+            self.started_at,
+            None,
+            error,
+            None,
+            self.manual,
+        )
 
     @property
     def abandoned(self) -> bool:

@@ -55,14 +55,20 @@ class RunExecutor:
         #: Where the backend's locks run under a lease: when a run's lease ends.
         self._lease_end = lease_end
         self._registry, self._recorder, self._observer, self._life = (
-            registry, recorder, observer, life,
-        )  # fmt: skip
+            registry,
+            recorder,
+            observer,
+            life,
+        )
         self._on_idle = on_idle
         #: The sync runs' side: worker threads, hand-over, hand-back, the collector hold.
         self.sync = SyncRuns(
-            clock=clock, life=life, max_workers=max_workers, defer_gc=defer_gc,
+            clock=clock,
+            life=life,
+            max_workers=max_workers,
+            defer_gc=defer_gc,
             finish=self._finish,
-        )  # fmt: skip
+        )
         self.active: set[Run] = set()
         #: Run ids whose locks the backend lost since the dispatch under way claimed them.
         self.lost_unstarted: set[int] = set()
@@ -125,8 +131,13 @@ class RunExecutor:
         else:
             run = Run(state, job, scheduled_at, self.replica_id)
         run.run_id, run.locked, run.started_at, run.deadline, run.manual, run.call = (
-            claim.run_id, claim.locked, started, deadline, manual, spec.call,
-        )  # fmt: skip
+            claim.run_id,
+            claim.locked,
+            started,
+            deadline,
+            manual,
+            spec.call,
+        )
         if claim.locked and claim.run_id is not None and self._lease_end is not None:
             run._lease_end = functools.partial(self._lease_end, claim.run_id)
         # A sync run may wait for a worker thread: the grace bounds its real start too.
@@ -194,11 +205,14 @@ class RunExecutor:
             timeout = run.state.spec.timeout
             run.cut_off(CancelReason.TIMEOUT, f"passed its timeout of {timeout}")
             self._observer.log(
-                _WARNING, "timed_out",
+                _WARNING,
+                "timed_out",
                 f"run passed its timeout of {timeout}; "
                 + ("cancelled" if run.task else "signalled (cancel event set)"),
-                run.job_name, run.scheduled_at, run.run_id,
-            )  # fmt: skip
+                run.job_name,
+                run.scheduled_at,
+                run.run_id,
+            )
             if self._observer.listeners:
                 self._observer.notify("on_timeout", run.event(Outcome.TIMED_OUT, None))
 
@@ -215,9 +229,13 @@ class RunExecutor:
             run.cut_off(CancelReason.LOCK_LOST, "lost its lock with the backend session")
             error = ConnectionError("the run's lock was lost with the backend session")
             self._observer.log(
-                _ERROR, "lock_lost", "lost the run's lock; the run was told to stop",
-                run.job_name, run.scheduled_at, run.run_id,
-            )  # fmt: skip
+                _ERROR,
+                "lock_lost",
+                "lost the run's lock; the run was told to stop",
+                run.job_name,
+                run.scheduled_at,
+                run.run_id,
+            )
             if self._observer.listeners:
                 self._observer.notify("on_lock_error", run.event(None, error))
 
@@ -262,10 +280,13 @@ class RunExecutor:
             for task in going_on:
                 run = tasks[task]
                 self._observer.log(
-                    _WARNING, "run_ignores_cancellation",
+                    _WARNING,
+                    "run_ignores_cancellation",
                     f"async run still going {grace} s after it was cancelled; left to it",
-                    run.job_name, run.scheduled_at, run.run_id,
-                )  # fmt: skip
+                    run.job_name,
+                    run.scheduled_at,
+                    run.run_id,
+                )
         for run in list(self.active):  # sync runs still in their threads
             self._finish(run, None, self.clock.now())
 
@@ -275,9 +296,10 @@ class RunExecutor:
         is a daemon thread)."""
         for name in await self.sync.stop(grace):
             self._observer.log(
-                _WARNING, "worker_stuck",
+                _WARNING,
+                "worker_stuck",
                 f"{name} is still in a run {grace} s after it was told to stop; left to it",
-            )  # fmt: skip
+            )
 
     # ---- finishing ---------------------------------------------------------------------
 
@@ -308,16 +330,26 @@ class RunExecutor:
         outcome, text = run.outcome(error, finished)
         ran = run.missed is None and not run.unstarted
         record = RunRecord(
-            run.job_name, run.scheduled_at, outcome, self.replica_id, run.run_id,
+            run.job_name,
+            run.scheduled_at,
+            outcome,
+            self.replica_id,
+            run.run_id,
             # A run that never started ends when it is recorded: a fixed-delay job goes on
             # from then.
-            run.started_at if ran else None, finished, text, run.manual,
-        )  # fmt: skip
+            run.started_at if ran else None,
+            finished,
+            text,
+            run.manual,
+        )
         recorder = self._recorder
         recorder.report(
-            record, state, error=error, detail=run.cancel_detail if ran else text,
+            record,
+            state,
+            error=error,
+            detail=run.cancel_detail if ran else text,
             announced=run.timed_out,
-        )  # fmt: skip
+        )
         recorder.release(record, run.locked, state, missed_written)
         if not self.active:
             assert self._idle is not None

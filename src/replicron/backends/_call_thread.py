@@ -102,6 +102,7 @@ async def _complete(call: Future[_T]) -> _T:
 def _log_unseen(waiter: asyncio.Future[Any]) -> None:
     if not waiter.cancelled() and waiter.exception() is not None:
         logger.error(
-            "a call whose caller was cancelled failed", exc_info=waiter.exception(),
+            "a call whose caller was cancelled failed",
+            exc_info=waiter.exception(),
             extra={"event": "lock_error"},
-        )  # fmt: skip
+        )

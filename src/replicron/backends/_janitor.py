@@ -45,18 +45,22 @@ class Janitor:
         try:
             self.run(ledger)
         except sqlite3.Error as exc:
-            logger.warning("embedded backend housekeeping failed: %s", exc,
-                           extra={"event": "lock_error", "replica": self.replica})  # fmt: skip
+            logger.warning(
+                "embedded backend housekeeping failed: %s",
+                exc,
+                extra={"event": "lock_error", "replica": self.replica},
+            )
 
     def run(self, ledger: Ledger) -> None:
         for run in ledger.abandon_dead():
             tick = from_micros(run.tick).isoformat()
             logger.warning(
                 "job %r tick %s: the process of replica %s died; recorded abandoned",
-                run.job, tick, run.replica,
-                extra={"event": "abandoned", "job": run.job, "tick": tick,
-                       "replica": self.replica},
-            )  # fmt: skip
+                run.job,
+                tick,
+                run.replica,
+                extra={"event": "abandoned", "job": run.job, "tick": tick, "replica": self.replica},
+            )
         for _ in range(_PRUNE_BATCHES):  # a bounded number of short transactions
             if ledger.prune(self.retention, _PRUNE_BATCH) < _PRUNE_BATCH:
                 break

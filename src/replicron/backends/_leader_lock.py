@@ -105,9 +105,10 @@ class LeaderMethods:
                     return
             except Exception as exc:  # tried again: a busy ledger, or not open (yet)
                 logger.warning(
-                    "could not seek the leader lease: %s", exc,
+                    "could not seek the leader lease: %s",
+                    exc,
                     extra={"event": "lock_error", "replica": self.replica_id},
-                )  # fmt: skip
+                )
             await asyncio.sleep(self.leader_retry)
 
     def _lead(self) -> bool:

@@ -236,10 +236,16 @@ class Ledger:
         now = now_us()
         conn.executemany(
             sql("abandon_run"),
-            [{"outcome": Outcome.ABANDONED.value, "now": now, "run_id": run.run_id,
-              "error": f"process {run.pid} of replica {run.replica} died with the tick open"}
-             for run in dead],
-        )  # fmt: skip
+            [
+                {
+                    "outcome": Outcome.ABANDONED.value,
+                    "now": now,
+                    "run_id": run.run_id,
+                    "error": f"process {run.pid} of replica {run.replica} died with the tick open",
+                }
+                for run in dead
+            ],
+        )
 
     @staticmethod
     def abandon_ticks(
@@ -249,9 +255,17 @@ class Ledger:
         now = now_us()
         conn.executemany(
             sql("abandon_tick"),
-            [{"outcome": Outcome.ABANDONED.value, "now": now, "error": error, "job": job,
-              "tick": tick} for job, tick in ticks],
-        )  # fmt: skip
+            [
+                {
+                    "outcome": Outcome.ABANDONED.value,
+                    "now": now,
+                    "error": error,
+                    "job": job,
+                    "tick": tick,
+                }
+                for job, tick in ticks
+            ],
+        )
 
     @staticmethod
     def start_alone(
@@ -276,9 +290,15 @@ class Ledger:
     ) -> bool:
         cursor = conn.execute(
             sql("record_outcome"),
-            {"outcome": outcome.value, "started": started, "error": error, "job": job,
-             "finished": now_us() if finished is None else finished, "tick": tick},
-        )  # fmt: skip
+            {
+                "outcome": outcome.value,
+                "started": started,
+                "error": error,
+                "job": job,
+                "finished": now_us() if finished is None else finished,
+                "tick": tick,
+            },
+        )
         return cursor.rowcount == 1
 
     @staticmethod
@@ -292,9 +312,16 @@ class Ledger:
     ) -> bool:
         cursor = conn.execute(
             sql("insert_finished"),
-            {"job": job, "tick": tick, "replica": claimant.replica, "pid": claimant.pid,
-             "now": now_us(), "outcome": outcome.value, "error": error},
-        )  # fmt: skip
+            {
+                "job": job,
+                "tick": tick,
+                "replica": claimant.replica,
+                "pid": claimant.pid,
+                "now": now_us(),
+                "outcome": outcome.value,
+                "error": error,
+            },
+        )
         return cursor.rowcount == 1
 
     @staticmethod

@@ -63,11 +63,15 @@ class _RegistrationRow(NamedTuple):
 
     def registration(self, alive: bool) -> Registration:
         return Registration(
-            self.job, self.replica, self.trigger, self.fingerprint,
+            self.job,
+            self.replica,
+            self.trigger,
+            self.fingerprint,
             timedelta(microseconds=self.grace),
             tuple(from_micros(int(tick)) for tick in self.expected.split(",") if tick),
-            from_micros(self.last_seen), alive,
-        )  # fmt: skip
+            from_micros(self.last_seen),
+            alive,
+        )
 
 
 class _ReplicaRow(NamedTuple):
@@ -114,9 +118,10 @@ def leave(ledger: Ledger, replica: str) -> dict[str, datetime]:
     with ledger.write() as conn:
         rows = conn.execute(sql("replicas")).fetchall()
     return {
-        other: from_micros(joined) for other, pid, start, joined, _, stopped in rows
+        other: from_micros(joined)
+        for other, pid, start, joined, _, stopped in rows
         if other != replica and _alive(pid, start, stopped)
-    }  # fmt: skip
+    }
 
 
 def paused_jobs(conn: sqlite3.Connection) -> frozenset[str]:
@@ -138,12 +143,18 @@ def announce(
     conn.executemany(
         sql("registration_upsert"),
         [
-            {"job": d.job, "replica": replica, "trigger": d.trigger,
-             "fingerprint": d.fingerprint, "grace": d.grace // MICROSECOND,
-             "expected": ",".join(str(to_micros(tick)) for tick in d.expected), "now": now}
+            {
+                "job": d.job,
+                "replica": replica,
+                "trigger": d.trigger,
+                "fingerprint": d.fingerprint,
+                "grace": d.grace // MICROSECOND,
+                "expected": ",".join(str(to_micros(tick)) for tick in d.expected),
+                "now": now,
+            }
             for d in definitions
         ],
-    )  # fmt: skip
+    )
     conn.executemany(
         sql("registration_delete"), [{"job": job, "replica": replica} for job in removed]
     )
@@ -242,9 +253,13 @@ def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
     last = conn.execute(sql("last_outcome"), {"job": job}).fetchone()
     [(success, missed, last_tick)] = conn.execute(
         sql("job_tallies"),
-        {"job": job, "since": now_us() - _DAY_US, "succeeded": Outcome.SUCCEEDED.value,
-         "missed": Outcome.MISSED.value},
-    ).fetchall()  # fmt: skip
+        {
+            "job": job,
+            "since": now_us() - _DAY_US,
+            "succeeded": Outcome.SUCCEEDED.value,
+            "missed": Outcome.MISSED.value,
+        },
+    ).fetchall()
     running = tuple(
         (replica, run_id)
         for replica, run_id, pid, start in conn.execute(sql("started_runs"), {"job": job})
@@ -252,9 +267,19 @@ def _job_status(conn: sqlite3.Connection, job: str) -> JobStatus:
     )
     replica, scheduled, started, finished, outcome, error = last or (None,) * 6
     return JobStatus(
-        job, replica, _at(scheduled), _at(started), _at(finished), outcome, error, _at(success),
-        running, int(missed), (), _at(last_tick),
-    )  # fmt: skip
+        job,
+        replica,
+        _at(scheduled),
+        _at(started),
+        _at(finished),
+        outcome,
+        error,
+        _at(success),
+        running,
+        int(missed),
+        (),
+        _at(last_tick),
+    )
 
 
 def _at(micros: int | None) -> datetime | None:

@@ -276,8 +276,11 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                     error = f"replica {self.replica_id} closed its backend first"
                     Ledger.abandon_ticks(conn, list(unrecorded), error)
         except sqlite3.Error as exc:
-            logger.error("could not record the open ticks abandoned at close: %s", exc,
-                         extra={"event": "lock_error", "replica": self.replica_id})  # fmt: skip
+            logger.error(
+                "could not record the open ticks abandoned at close: %s",
+                exc,
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )
         finally:
             self._open.clear()
             self._unwritten = []
@@ -331,9 +334,14 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                 recorded = 0
                 for record, _ in batch:
                     recorded += Ledger.record(
-                        conn, record.job, to_micros(record.scheduled_at), record.outcome,
-                        _micros(record.started_at), _micros(record.finished_at), record.error,
-                    )  # fmt: skip
+                        conn,
+                        record.job,
+                        to_micros(record.scheduled_at),
+                        record.outcome,
+                        _micros(record.started_at),
+                        _micros(record.finished_at),
+                        record.error,
+                    )
         except sqlite3.OperationalError as exc:  # the disk or another writer, not the rows
             self._unwritten = batch
             if not waited:
@@ -355,9 +363,11 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
                 self._open.discard(_tick_of(record))
             if recorded != len(batch):
                 logger.error(
-                    "%d of %d outcomes found no ledger row", len(batch) - recorded, len(batch),
+                    "%d of %d outcomes found no ledger row",
+                    len(batch) - recorded,
+                    len(batch),
                     extra={"event": "lock_error", "replica": self.replica_id},
-                )  # fmt: skip
+                )
         # Unlocked once the outcome is committed, or kept: whoever takes the lock next finds
         # this run open only while its outcome waits (this process knows it ended). And only
         # a lock this handle holds for this very run.
@@ -382,10 +392,15 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         for claim in won:
             logger.warning(
                 "job %r tick %s: its claim's caller was cancelled; recorded missed",
-                claim.job, claim.scheduled_at.isoformat(),
-                extra={"event": "missed", "job": claim.job,
-                       "tick": claim.scheduled_at.isoformat(), "replica": self.replica_id},
-            )  # fmt: skip
+                claim.job,
+                claim.scheduled_at.isoformat(),
+                extra={
+                    "event": "missed",
+                    "job": claim.job,
+                    "tick": claim.scheduled_at.isoformat(),
+                    "replica": self.replica_id,
+                },
+            )
         self._release([Release(self._lost(claim), claim.locked) for claim in won])
 
     def _give_back_lock(self, claim: Claim, locked: bool) -> None:
@@ -394,9 +409,16 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
 
     def _lost(self, claim: Claim) -> RunRecord:
         return RunRecord(
-            claim.job, claim.scheduled_at, Outcome.MISSED, self.replica_id, claim.run_id,
-            None, None, _LOST, claim.manual,
-        )  # fmt: skip
+            claim.job,
+            claim.scheduled_at,
+            Outcome.MISSED,
+            self.replica_id,
+            claim.run_id,
+            None,
+            None,
+            _LOST,
+            claim.manual,
+        )
 
     def _record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         ledger = self._require()

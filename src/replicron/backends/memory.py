@@ -239,9 +239,15 @@ class MemoryBackend:
                 if paused and name in paused and not manual:
                     job.last_run_id = run_id = job.last_run_id + 1
                     record = RunRecord(
-                        name, tick, Outcome.PAUSED, replica, run_id, None, None,
+                        name,
+                        tick,
+                        Outcome.PAUSED,
+                        replica,
+                        run_id,
+                        None,
+                        None,
                         "the job is paused",
-                    )  # fmt: skip
+                    )
                     job.keep(record)
                     add(_new(Claim, (name, tick, _PAUSED, run_id, False, manual)))
                     continue
@@ -373,9 +379,10 @@ class MemoryBackend:
                 tick, end = job.last_tick, job.last_tick_end
                 ended = None if end is None or end[1] != tick else unpack_record(end)
                 found[name] = (
-                    LastFinish(tick, None, None) if ended is None
+                    LastFinish(tick, None, None)
+                    if ended is None
                     else LastFinish(tick, ended.finished_at, ended.outcome)
-                )  # fmt: skip
+                )
         return found
 
     # ---- the cluster's registry, pauses and status --------------------------------------
@@ -394,14 +401,19 @@ class MemoryBackend:
                 state.registry.pop((name, replica), None)
             for definition in definitions:
                 state.registry[definition.job, replica] = (definition, now)
-            mine = {job: d.fingerprint for (job, who), (d, _) in state.registry.items()
-                    if who == replica}  # fmt: skip
+            mine = {
+                job: d.fingerprint
+                for (job, who), (d, _) in state.registry.items()
+                if who == replica
+            }
             return [
                 _registration(d, who, seen, True)
                 for (job, who), (d, seen) in state.registry.items()
-                if who != replica and who in state.replicas and job in mine
+                if who != replica
+                and who in state.replicas
+                and job in mine
                 and d.fingerprint != mine[job]
-            ]  # fmt: skip
+            ]
 
     async def pause(self, job: str, by: str) -> bool:
         """Pause ``job`` for every handle; False if it was paused already."""
@@ -456,8 +468,11 @@ def _job_status(name: str, job: _JobState) -> JobStatus:
     """What the kept history tells of ``job`` (the last HISTORY_KEPT outcomes)."""
     history = [unpack_record(packed) for packed in job.history]
     last = max(history, key=lambda r: r.scheduled_at, default=None)
-    successes = [r.finished_at for r in history
-                 if r.outcome is Outcome.SUCCEEDED and r.finished_at is not None]  # fmt: skip
+    successes = [
+        r.finished_at
+        for r in history
+        if r.outcome is Outcome.SUCCEEDED and r.finished_at is not None
+    ]
     running: tuple[tuple[str, int], ...] = ()
     if job.lock_replica is not None and job.lock_run_id is not None:
         running = ((job.lock_replica, job.lock_run_id),)

@@ -95,9 +95,13 @@ def make_task(job: JobConfig, config_dir: str) -> Task:
         _check_program(job)
         cwd = _cwd(job)
         task = CommandTask(
-            job.name, job.command, shell=job.shell, env=dict(job.env), cwd=cwd,
+            job.name,
+            job.command,
+            shell=job.shell,
+            env=dict(job.env),
+            cwd=cwd,
             kill_grace=job.kill_grace,
-        )  # fmt: skip
+        )
         return task, (), {}
     assert job.call is not None
     return _import(job.call, config_dir), job.args, dict(job.kwargs)

@@ -43,10 +43,24 @@ READY_WITHIN = 3 * CLUSTER_EVERY
 #: /healthz fails once the event loop has not turned for this long.
 LOOP_STALL = 10.0
 #: Settings that only a restart applies (a reload says so and keeps the running ones).
-_RESTART_ONLY = ("timezone", "state_dir", "database_url", "namespace", "replica_id",
-                 "migrate", "session_pooler", "coordination", "leader",
-                 "max_workers", "max_concurrent_jobs", "concurrency_mode", "http",
-                 "heartbeat_interval", "stale_after", "log_format")  # fmt: skip
+_RESTART_ONLY = (
+    "timezone",
+    "state_dir",
+    "database_url",
+    "namespace",
+    "replica_id",
+    "migrate",
+    "session_pooler",
+    "coordination",
+    "leader",
+    "max_workers",
+    "max_concurrent_jobs",
+    "concurrency_mode",
+    "http",
+    "heartbeat_interval",
+    "stale_after",
+    "log_format",
+)
 
 
 def make_backend(settings: SchedulerConfig) -> Backend:
@@ -205,9 +219,11 @@ class Daemon:
                     # why probes and scrapes find nobody (a liveness probe restarts the pod).
                     logger.error(
                         "cannot serve HTTP on %s:%d (%s): running without /metrics, /healthz, "
-                        "/readyz and the status page", *settings.http, exc.strerror or exc,
+                        "/readyz and the status page",
+                        *settings.http,
+                        exc.strerror or exc,
                         extra={"event": "http_failed"},
-                    )  # fmt: skip
+                    )
             try:
                 await scheduler.start()
             except Exception as exc:  # unreachable, refused, no privileges: one line, no trace
@@ -222,17 +238,22 @@ class Daemon:
             if settings.database_url:
                 kind += f", {settings.coordination} coordination"
             logger.info(
-                "started replica %s with %d jobs on %s (%s)", scheduler.replica_id,
-                len(self.config.jobs), kind, where, extra={"event": "daemon_started"},
-            )  # fmt: skip
+                "started replica %s with %d jobs on %s (%s)",
+                scheduler.replica_id,
+                len(self.config.jobs),
+                kind,
+                where,
+                extra={"event": "daemon_started"},
+            )
             await self._serve_signals()
             stop_timeout = self.config.scheduler.stop_timeout.total_seconds()
             logger.info(
                 "stopping: no new ticks; runs going on get up to %g s to finish (a command "
                 "gets SIGTERM its kill_grace before the end, or halfway there if kill_grace is "
-                "longer than half of it), then are killed", stop_timeout,
+                "longer than half of it), then are killed",
+                stop_timeout,
                 extra={"event": "daemon_stopping"},
-            )  # fmt: skip
+            )
             await scheduler.shutdown(wait=not self._hurried, timeout=stop_timeout)
             logger.info("stopped", extra={"event": "daemon_stopped"})
             return 0
@@ -252,9 +273,10 @@ class Daemon:
         elif self.scheduler is not None:
             # Ctrl-C twice, or an impatient supervisor: stop waiting for runs to finish.
             logger.warning(
-                "%s received again: killing the runs going on now", name,
+                "%s received again: killing the runs going on now",
+                name,
                 extra={"event": "signal"},
-            )  # fmt: skip
+            )
             self._hurried = True  # the shutdown to come waits for nothing
             if self._started:  # one that waits may be under way: cut it short
                 self._hurry = asyncio.ensure_future(self.scheduler.shutdown(wait=False))
@@ -283,8 +305,9 @@ class Daemon:
                 logger.error("%s", line, extra={"event": "reload_rejected"})
             logger.error(
                 "reload rejected (%d problems): the running config stays in force",
-                len(problems), extra={"event": "reload_rejected"},
-            )  # fmt: skip
+                len(problems),
+                extra={"event": "reload_rejected"},
+            )
             return False
         old = self.config
         ignored = [
@@ -297,8 +320,9 @@ class Daemon:
         if ignored:
             logger.warning(
                 "reload: %s changed; these take effect at the next restart",
-                ", ".join(ignored), extra={"event": "reload_restart_needed"},
-            )  # fmt: skip
+                ", ".join(ignored),
+                extra={"event": "reload_restart_needed"},
+            )
         applied = restarted_settings_kept(old, new, _RESTART_ONLY)
         settings = applied.scheduler
         config_dir = os.path.dirname(os.path.abspath(new.path))
@@ -332,9 +356,13 @@ class Daemon:
         scheduler.stop_timeout = settings.stop_timeout.total_seconds()
         logging.getLogger("replicron").setLevel(settings.log_level)
         logger.info(
-            "reloaded: %d jobs; added %s, changed %s, removed %s", len(new.jobs),
-            _names(added), _names(changed), _names(removed), extra={"event": "reloaded"},
-        )  # fmt: skip
+            "reloaded: %d jobs; added %s, changed %s, removed %s",
+            len(new.jobs),
+            _names(added),
+            _names(changed),
+            _names(removed),
+            extra={"event": "reloaded"},
+        )
         return True
 
     # ---- health ------------------------------------------------------------------------
@@ -401,8 +429,10 @@ class Daemon:
         server = await serve(where[0], where[1], endpoints, page)
         logger.info(
             "serving /metrics, /healthz, /readyz and the status page on http://%s:%d/",
-            where[0], where[1], extra={"event": "http_listening"},
-        )  # fmt: skip
+            where[0],
+            where[1],
+            extra={"event": "http_listening"},
+        )
         return server
 
 
@@ -412,10 +442,12 @@ class _RunLog(Listener):
     def after_success(self, event: RunEvent) -> None:
         took = event.duration
         logger.info(
-            "%s[%s] succeeded in %.3f s", event.job, event.run_id,
+            "%s[%s] succeeded in %.3f s",
+            event.job,
+            event.run_id,
             0.0 if took is None else took.total_seconds(),
             extra={"event": "succeeded", "job": event.job, "run_id": event.run_id},
-        )  # fmt: skip
+        )
 
 
 def _metrics(scheduler: AsyncScheduler) -> tuple[Any, Any]:

@@ -20,8 +20,14 @@ Response = tuple[int, str, bytes]  # status, content type, body
 Endpoint = Callable[[], Awaitable[Response]]
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request",
-            500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    400: "Bad Request",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 _MAX_HEAD = 16384
 _READ_TIMEOUT = 10.0
 
@@ -100,11 +106,19 @@ async def _asgi(
     server: tuple[str, int],
 ) -> None:
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-        "scheme": "http", "path": path, "raw_path": path.encode("latin-1"), "root_path": "",
-        "query_string": query.encode("latin-1"), "headers": headers, "server": server,
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode("latin-1"),
+        "root_path": "",
+        "query_string": query.encode("latin-1"),
+        "headers": headers,
+        "server": server,
         "client": writer.get_extra_info("peername"),
-    }  # fmt: skip
+    }
     answer: dict[str, Any] = {"status": 500, "headers": [], "body": b""}
 
     async def receive() -> dict[str, Any]:

@@ -218,24 +218,30 @@ class CommandTask:
             _kill_group(group, signal.SIGTERM)
             logger.warning(
                 "%s: past its timeout: sent SIGTERM to its process group; SIGKILL in %g s",
-                self.job, self.kill_grace, extra={"job": self.job, "event": "command_term"},
-            )  # fmt: skip
+                self.job,
+                self.kill_grace,
+                extra={"job": self.job, "event": "command_term"},
+            )
             try:
                 await asyncio.wait_for(asyncio.shield(exited), self.kill_grace)
                 return
             except TimeoutError:
                 logger.warning(
-                    "%s: still running %g s after SIGTERM: SIGKILL", self.job, self.kill_grace,
+                    "%s: still running %g s after SIGTERM: SIGKILL",
+                    self.job,
+                    self.kill_grace,
                     extra={"job": self.job, "event": "command_kill"},
-                )  # fmt: skip
+                )
             except asyncio.CancelledError:
                 pass  # cut off again meanwhile (its lease ran out): no more waiting
         else:
             why = run.cancel_detail or "the run was cancelled"
             logger.warning(
-                "%s: %s: killing its process group", self.job, why,
+                "%s: %s: killing its process group",
+                self.job,
+                why,
                 extra={"job": self.job, "event": "command_kill"},
-            )  # fmt: skip
+            )
         _kill_group(group, signal.SIGKILL)
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(exited)
@@ -285,8 +291,11 @@ async def _gone(group: int, job: str) -> None:
         if waited > _GONE_WITHIN:
             logger.warning(
                 "%s: process group %d still there %g s after SIGKILL: recorded all the same",
-                job, group, _GONE_WITHIN, extra={"job": job, "event": "group_left"},
-            )  # fmt: skip
+                job,
+                group,
+                _GONE_WITHIN,
+                extra={"job": job, "event": "group_left"},
+            )
             return
         await asyncio.sleep(step)
         waited += step
@@ -303,8 +312,12 @@ class _Stop:
         self, task: CommandTask, group: int, run: RunContext, exited: asyncio.Future[None]
     ) -> None:
         self.job, self.grace, self.group, self.run, self.exited = (
-            task.job, task.kill_grace, group, run, exited,
-        )  # fmt: skip
+            task.job,
+            task.kill_grace,
+            group,
+            run,
+            exited,
+        )
         self.timers: list[asyncio.TimerHandle] = []
         self.sent = ""  # the signals sent, in words
         self.killed = False
@@ -327,9 +340,10 @@ class _Stop:
         _kill_group(self.group, signal.SIGTERM)
         logger.warning(
             "%s: the scheduler is stopping: sent SIGTERM to its process group; SIGKILL in %.3g s",
-            self.job, max(0.0, by - time.monotonic()),
+            self.job,
+            max(0.0, by - time.monotonic()),
             extra={"job": self.job, "event": "command_term"},
-        )  # fmt: skip
+        )
 
     def _kill(self) -> None:
         if self.exited.done():
@@ -340,8 +354,9 @@ class _Stop:
         self.killed = True
         logger.warning(
             "%s: still running when the stop's time ran out: killing its process group",
-            self.job, extra={"job": self.job, "event": "command_kill"},
-        )  # fmt: skip
+            self.job,
+            extra={"job": self.job, "event": "command_kill"},
+        )
         _kill_group(self.group, signal.SIGKILL)
 
     def close(self) -> None:
@@ -383,8 +398,9 @@ async def _drain(pumps: Sequence[asyncio.Future[None]]) -> None:
     if left:
         logger.warning(
             "output still held open 5 s after the run's process group ended (by a process "
-            "that left the group?): stopped reading it", extra={"event": "pipe_held"},
-        )  # fmt: skip
+            "that left the group?): stopped reading it",
+            extra={"event": "pipe_held"},
+        )
     await asyncio.gather(*pumps, return_exceptions=True)
 
 

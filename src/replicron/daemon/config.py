@@ -144,10 +144,31 @@ MAX_WORKERS = 1024
 #: How a job says when it runs: exactly one of these per job.
 TRIGGER_KEYS = ("cron", "every", "after", "between", "daily", "weekly", "monthly", "once")
 _JOB_KEYS = (
-    "name", *TRIGGER_KEYS, "seconds", "at", "tz", "jitter", "command", "shell", "call", "args",
-    "kwargs", "env", "cwd", "timeout", "kill_grace", "overlap", "catch_up", "misfire_grace",
-    "tags", "start_at", "stop_at", "max_runs", "ping_url", "leader",
-)  # fmt: skip
+    "name",
+    *TRIGGER_KEYS,
+    "seconds",
+    "at",
+    "tz",
+    "jitter",
+    "command",
+    "shell",
+    "call",
+    "args",
+    "kwargs",
+    "env",
+    "cwd",
+    "timeout",
+    "kill_grace",
+    "overlap",
+    "catch_up",
+    "misfire_grace",
+    "tags",
+    "start_at",
+    "stop_at",
+    "max_runs",
+    "ping_url",
+    "leader",
+)
 _SCHEDULER_KEYS = tuple(f for f in SchedulerConfig.__dataclass_fields__)
 #: The options that only some triggers use: elsewhere they would be silently ignored.
 _USED_BY = {

@@ -106,12 +106,15 @@ def report_unheld(
         if released is False and leased:
             logger.warning(
                 "job %r: its lock was no longer run %s's at release (its lease had ended and "
-                "a janitor freed it, or an earlier try of this release did)", record.job,
+                "a janitor freed it, or an earlier try of this release did)",
+                record.job,
                 record.run_id,
                 extra={"event": "lock_error", "job": record.job, "replica": replica_id},
-            )  # fmt: skip
+            )
         elif released is False:
             logger.error(
-                "job %r: advisory lock %s was not held at unlock", record.job, key,
+                "job %r: advisory lock %s was not held at unlock",
+                record.job,
+                key,
                 extra={"event": "lock_error", "job": record.job, "replica": replica_id},
-            )  # fmt: skip
+            )

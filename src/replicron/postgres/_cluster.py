@@ -48,9 +48,15 @@ __all__ = [
 def registration(row: tuple[Any, ...], alive: bool = True) -> Registration:
     job, replica, trigger, fingerprint, grace, expected, last_seen, *rest = row
     return Registration(
-        job, replica, trigger, fingerprint, grace, tuple(expected), last_seen,
+        job,
+        replica,
+        trigger,
+        fingerprint,
+        grace,
+        tuple(expected),
+        last_seen,
         bool(rest[0]) if rest else alive,
-    )  # fmt: skip
+    )
 
 
 def announce_params(
@@ -210,10 +216,12 @@ class ClusterMethods:
         to the registry; returns the registrations of its jobs by live replicas that define
         them differently."""
         rows = await self._fetch(
-            "announce", retry=True, replica=self.replica_id,
+            "announce",
+            retry=True,
+            replica=self.replica_id,
             stale_after=timedelta(seconds=self.stale_after),
             **announce_params(definitions, removed, complete),
-        )  # fmt: skip
+        )
         return [registration(row) for row in rows]
 
     async def cluster_status(self) -> ClusterStatus:

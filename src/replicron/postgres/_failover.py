@@ -135,9 +135,10 @@ class ServerWatch:
         except psycopg.errors.InsufficientPrivilege as exc:
             self._unreadable = True
             logger.warning(
-                "cannot read the server's identity (%s): a failover will not be noticed", exc,
+                "cannot read the server's identity (%s): a failover will not be noticed",
+                exc,
                 extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+            )
             return
         self.seen(ServerIdentity(int(system), int(timeline)))
         if self._pending is not None:
@@ -159,9 +160,11 @@ class ServerWatch:
             "asynchronous replication, what the old primary committed last may be lost; "
             "stopping %d held runs (recorded abandoned) and putting back the ledger rows this "
             "replica wrote that the new server lacks",
-            old, identity, len(held),
+            old,
+            identity,
+            len(held),
             extra={"event": "server_changed", "replica": self.replica_id},
-        )  # fmt: skip
+        )
         self._pending = identity
         self._on_change(old, identity)
         if held:
@@ -188,8 +191,9 @@ class ServerWatch:
             self._pending = None
             logger.error(
                 "could not put back the ledger rows this replica wrote before the failover: %s",
-                exc, extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+                exc,
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )
             return
         self._pending = None
         if rows:
@@ -205,9 +209,10 @@ class ServerWatch:
         except psycopg.errors.InsufficientPrivilege as exc:
             logger.warning(
                 "cannot move the run id sequence past this replica's run ids (%s): run ids "
-                "given out on the old primary may be given out again", exc,
+                "given out on the old primary may be given out again",
+                exc,
                 extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+            )
         note = f"put back after a failover to {identity}"
         return await run(
             self._queries["restore_rows"],
@@ -239,20 +244,42 @@ class ServerWatch:
             elif what == "replaced":
                 outcomes += 1
                 held += row.outcome is None
-            elif row.started is not None and replica != self.replica_id and outcome not in (
-                "missed", "skipped_overlap", "skipped_limit", "paused",
-            ):  # fmt: skip
+            elif (
+                row.started is not None
+                and replica != self.replica_id
+                and outcome
+                not in (
+                    "missed",
+                    "skipped_overlap",
+                    "skipped_limit",
+                    "paused",
+                )
+            ):
                 logger.error(
                     "job %r tick %s ran here as run %s (its row lost in the failover) and was "
                     "claimed again on the new server by replica %s as run %s (%s): it may have "
-                    "run twice", job, tick.isoformat(), row.run_id, replica, run_id, outcome,
-                    extra={"event": "claimed_twice", "job": job, "tick": tick.isoformat(),
-                           "replica": self.replica_id},
-                )  # fmt: skip
+                    "run twice",
+                    job,
+                    tick.isoformat(),
+                    row.run_id,
+                    replica,
+                    run_id,
+                    outcome,
+                    extra={
+                        "event": "claimed_twice",
+                        "job": job,
+                        "tick": tick.isoformat(),
+                        "replica": self.replica_id,
+                    },
+                )
         logger.warning(
             "after the failover, of the %d ledger rows this replica wrote lately the new "
             "server lacked %d (put back) and the outcome of %d (written; %d of them runs held "
             "here, recorded abandoned), and had %d that ran here recorded missed (replaced)",
-            len(rows), lacked, outcomes, held, missed,
+            len(rows),
+            lacked,
+            outcomes,
+            held,
+            missed,
             extra={"event": "server_changed", "replica": self.replica_id},
-        )  # fmt: skip
+        )

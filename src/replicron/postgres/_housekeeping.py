@@ -74,8 +74,7 @@ class Housekeeper:
         self.leader = LeaderTerm()
         self._leader_lease = timedelta(seconds=lease)
         #: The server this replica talks to; a failover stops the held runs.
-        self.server = ServerWatch(statements.namespace, held=self.runs.going_on,
-                                  lose=self._lose)  # fmt: skip
+        self.server = ServerWatch(statements.namespace, held=self.runs.going_on, lose=self._lose)
         self.replica_id = ""
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         #: The replicas of the namespace seen by the last heartbeat, this one among them.
@@ -167,9 +166,11 @@ class Housekeeper:
             sent = time.monotonic()
             try:
                 found = await self._statements.fetch(
-                    "leader_lease", retry=True, replica=self.replica_id,
+                    "leader_lease",
+                    retry=True,
+                    replica=self.replica_id,
                     leader_lease=self._leader_lease,
-                )  # fmt: skip
+                )
             except Exception as exc:  # the heartbeats try again
                 logger.debug("leader lease: %s", exc, extra={"event": "lock_error"})
                 return
@@ -213,14 +214,15 @@ class Housekeeper:
             )
             if refusal != self.refusal and self.opened:  # at open: the replica fails to start
                 logger.error(
-                    "%s; claiming nothing until they are gone", refusal,
+                    "%s; claiming nothing until they are gone",
+                    refusal,
                     extra={"event": "lock_error", "replica": self.replica_id},
-                )  # fmt: skip
+                )
         elif self.refusal is not None:
             logger.warning(
                 "no replica of another mode is left in the namespace: claiming again",
                 extra={"event": "lock_error", "replica": self.replica_id},
-            )  # fmt: skip
+            )
         self.refusal, self._admitted = refusal, refusal is None
 
     async def join(self, since: datetime) -> None:
@@ -325,9 +327,10 @@ class Housekeeper:
         if off and not self._offset_warned:
             logger.warning(
                 "this replica's clock is %+.3f s off the database's; replicron schedules on "
-                "the database's clock, but fix the host's time synchronisation", ahead,
+                "the database's clock, but fix the host's time synchronisation",
+                ahead,
                 extra={"event": "clock_offset", "replica": self.replica_id},
-            )  # fmt: skip
+            )
         self._offset_warned = off
 
     # ---- the janitor and frozen holders --------------------------------------------------
@@ -345,10 +348,16 @@ class Housekeeper:
         for job, tick, replica in stale:
             logger.warning(
                 "job %r tick %s: replica %s stopped heartbeating; recorded abandoned",
-                job, tick.isoformat(), replica,
-                extra={"event": "abandoned", "job": job, "tick": tick.isoformat(),
-                       "replica": self.replica_id},
-            )  # fmt: skip
+                job,
+                tick.isoformat(),
+                replica,
+                extra={
+                    "event": "abandoned",
+                    "job": job,
+                    "tick": tick.isoformat(),
+                    "replica": self.replica_id,
+                },
+            )
         await self._statements.fetch(
             "prune", retention=self._retention, requests_keep=RUN_REQUEST_EXPIRY, batch=1000
         )
@@ -360,15 +369,21 @@ class Housekeeper:
         fence = " (fencing it)" if self._fence else ""
         logger.warning(
             "job %r is blocked by replica %s: its heartbeat is stale but its server session "
-            "%s still holds the job's lock%s", job, replica, pid, fence,
+            "%s still holds the job's lock%s",
+            job,
+            replica,
+            pid,
+            fence,
             extra={"event": "blocked", "job": job, "replica": self.replica_id},
-        )  # fmt: skip
+        )
         if self._fence:
             with contextlib.suppress(BackendUnavailableError):
                 await self._statements.fetch(
-                    "fence_stale_holder", job=job, replica=self.replica_id,
+                    "fence_stale_holder",
+                    job=job,
+                    replica=self.replica_id,
                     stale_after=self._stale_after,
-                )  # fmt: skip
+                )
 
     # ---- losing the session or the lease -------------------------------------------------
 
@@ -381,9 +396,11 @@ class Housekeeper:
     def _lease_expired(self, run_ids: list[int]) -> None:
         logger.error(
             "no heartbeat got through for %.1f s: stopping runs %s before other replicas may "
-            "take their jobs over", self.runs.lease.length, run_ids,
+            "take their jobs over",
+            self.runs.lease.length,
+            run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
-        )  # fmt: skip
+        )
         self.runs.locks.forget(run_ids)
         self._on_lock_lost(run_ids)
         if not self.leased:  # lease mode: the lock rows run out on the server's clock
@@ -391,8 +408,10 @@ class Housekeeper:
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
-            "lost the %s of runs %s", "leases" if self.leased else "advisory locks", run_ids,
+            "lost the %s of runs %s",
+            "leases" if self.leased else "advisory locks",
+            run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
-        )  # fmt: skip
+        )
         self.runs.lost(run_ids)
         self._on_lock_lost(run_ids)

@@ -65,13 +65,15 @@ class LeasedClaims:
                 tokens=tokens,
                 ahead=CLAIM_AHEAD,
                 stale_after=timedelta(seconds=self.stale_after),
-            )  # fmt: skip
+            )
         sent = self._statements.sent_at()
         won = {
-            (job, tick.astimezone(UTC)): (ClaimRow(job, tick, run_id, status, holder, False, None),
-                                          epoch)
+            (job, tick.astimezone(UTC)): (
+                ClaimRow(job, tick, run_id, status, holder, False, None),
+                epoch,
+            )
             for job, tick, run_id, status, holder, epoch in rows
-        }  # fmt: skip
+        }
         for n in trying:
             found = won.get(ticks[n])
             if found is None:  # somebody has it

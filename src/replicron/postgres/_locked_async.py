@@ -82,8 +82,10 @@ async def _unlock(conn: psycopg.AsyncConnection[Any], name: str, key: int) -> bo
     if not released:
         logger.error(
             "lock of %r (key %s) was not held at unlock: the session was reset or lost",
-            name, key, extra={"event": "lock_error", "job": name},
-        )  # fmt: skip
+            name,
+            key,
+            extra={"event": "lock_error", "job": name},
+        )
     return released
 
 

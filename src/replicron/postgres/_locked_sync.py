@@ -76,8 +76,10 @@ def _unlock(conn: psycopg.Connection[Any], name: str, key: int) -> bool:
     if not released:
         logger.error(
             "lock of %r (key %s) was not held at unlock: the session was reset or lost",
-            name, key, extra={"event": "lock_error", "job": name},
-        )  # fmt: skip
+            name,
+            key,
+            extra={"event": "lock_error", "job": name},
+        )
     return released
 
 

@@ -42,9 +42,13 @@ class OffsetEstimator:
         self.current: timedelta | None = None
 
     def add(
-        self, database_time: datetime, sent_wall: float, received_wall: float, sent_mono: float,
+        self,
+        database_time: datetime,
+        sent_wall: float,
+        received_wall: float,
+        sent_mono: float,
         received_mono: float,
-    ) -> ClockSample:  # fmt: skip
+    ) -> ClockSample:
         """Add a sample: the database's clock as it answered, our wall clock (Unix seconds)
         and monotonic clock when the request was sent and the answer received."""
         round_trip = max(0.0, received_mono - sent_mono)

@@ -281,9 +281,14 @@ class LockSession:
             await _close_quietly(probe)
 
     async def _moves(
-        self, conn: psycopg.AsyncConnection[Any], probe: psycopg.AsyncConnection[Any], pid: int,
-        token: str, *, pinned: bool,
-    ) -> bool:  # fmt: skip
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        probe: psycopg.AsyncConnection[Any],
+        pid: int,
+        token: str,
+        *,
+        pinned: bool,
+    ) -> bool:
         """One round of the probe: True when a pooler showed itself. Unpinned, the probe asks
         several times: a pooler handing out its idle server sessions in turn (round robin)
         comes to the lock session's within as many statements as it has idle ones."""

@@ -19,12 +19,34 @@ def _pairs(items: list[str]) -> tuple[tuple[str, int], ...]:
 
 
 def job_status(row: tuple[Any, ...]) -> JobStatus:
-    (job, replica, scheduled, started, finished, outcome, error, success, running, missed,
-     stale, last_tick) = row  # fmt: skip
+    (
+        job,
+        replica,
+        scheduled,
+        started,
+        finished,
+        outcome,
+        error,
+        success,
+        running,
+        missed,
+        stale,
+        last_tick,
+    ) = row
     return JobStatus(
-        job, replica, scheduled, started, finished, outcome, error, success, _pairs(running),
-        int(missed), _pairs(stale), last_tick,
-    )  # fmt: skip
+        job,
+        replica,
+        scheduled,
+        started,
+        finished,
+        outcome,
+        error,
+        success,
+        _pairs(running),
+        int(missed),
+        _pairs(stale),
+        last_tick,
+    )
 
 
 def replica_status(row: tuple[Any, ...]) -> ReplicaStatus:

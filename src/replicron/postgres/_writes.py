@@ -30,8 +30,12 @@ logger = logging.getLogger("replicron.postgres.backend")  # the backend's, as do
 
 
 def _extra(record: RunRecord, replica: str) -> dict[str, str]:
-    return {"event": "lock_error", "job": record.job, "tick": record.scheduled_at.isoformat(),
-            "replica": replica}  # fmt: skip
+    return {
+        "event": "lock_error",
+        "job": record.job,
+        "tick": record.scheduled_at.isoformat(),
+        "replica": replica,
+    }
 
 
 def log_write(record: RunRecord, written: bool, before: str | None, replica: str) -> None:
@@ -41,32 +45,44 @@ def log_write(record: RunRecord, written: bool, before: str | None, replica: str
     if written and before == "abandoned" and outcome != "abandoned":
         logger.warning(
             "job %r tick %s: replaced %r (written by a janitor while the run went on) with %r",
-            record.job, record.scheduled_at.isoformat(), before, outcome, extra=extra,
-        )  # fmt: skip
+            record.job,
+            record.scheduled_at.isoformat(),
+            before,
+            outcome,
+            extra=extra,
+        )
     elif not written and before == outcome:
         # Lease mode: a janitor wrote off a run whose lease had ended, in a newer epoch, and
         # the run, fenced by the same lease, says the same.
         logger.info(
-            "job %r tick %s: already recorded %r", record.job, record.scheduled_at.isoformat(),
-            outcome, extra=extra,
-        )  # fmt: skip
+            "job %r tick %s: already recorded %r",
+            record.job,
+            record.scheduled_at.isoformat(),
+            outcome,
+            extra=extra,
+        )
     elif not written:
         logger.error(
-            "job %r tick %s: outcome %r not written: %s", record.job,
-            record.scheduled_at.isoformat(), outcome,
+            "job %r tick %s: outcome %r not written: %s",
+            record.job,
+            record.scheduled_at.isoformat(),
+            outcome,
             "no row of this replica" if before is None else f"the row already says {before!r}",
             extra=extra,
-        )  # fmt: skip
+        )
 
 
 def log_unwritten(record: RunRecord, replica: str) -> None:
     """At shutdown, an outcome that could not be written: said at ERROR with its tick."""
     logger.error(
         "job %r tick %s: could not record %s (run %s): the database is unreachable; the row "
-        "goes stale and a janitor records it abandoned", record.job,
-        record.scheduled_at.isoformat(), record.outcome.value, record.run_id,
+        "goes stale and a janitor records it abandoned",
+        record.job,
+        record.scheduled_at.isoformat(),
+        record.outcome.value,
+        record.run_id,
         extra=_extra(record, replica),
-    )  # fmt: skip
+    )
 
 
 #: How far ahead of the database's clock a tick may be claimed: room for the error of the
@@ -113,9 +129,10 @@ class OutcomeWrites:
         except BackendUnavailableError as exc:  # kept: the scheduler says the database is gone
             logger.debug(
                 "%d outcomes wait to be written (%s); retrying on a new session",
-                len(self._unwritten), exc, extra={"event": "lock_error",
-                                                  "replica": self.replica_id},
-            )  # fmt: skip
+                len(self._unwritten),
+                exc,
+                extra={"event": "lock_error", "replica": self.replica_id},
+            )
 
     async def _write_pending(self) -> None:
         """Write the outcomes whose write failed before, on a new session if need be."""
@@ -197,7 +214,7 @@ class OutcomeWrites:
                 replica=self.replica_id,
                 ahead=CLAIM_AHEAD,
                 leased=self._housekeeper.leased,  # how a started run's lock is held
-            )  # fmt: skip
+            )
         found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
         # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
         # something else or nothing (somebody has it): not recorded.
@@ -213,8 +230,11 @@ class OutcomeWrites:
         """Ranges of missed ticks, each in one row, in a statement of their own before the
         ticks' own records (those inside a range just recorded are then refused)."""
         ranges = [r for r in records if r.through is not None]
-        starts = [(place, start) for place, r in enumerate(ranges, 1)
-                  for start in r.starts or (r.scheduled_at,)]  # fmt: skip
+        starts = [
+            (place, start)
+            for place, r in enumerate(ranges, 1)
+            for start in r.starts or (r.scheduled_at,)
+        ]
         rows = await self._fetch(
             "record_missed_ranges",
             retry=True,  # a first try's range, found in the span, refuses the retry's
@@ -265,8 +285,14 @@ class OutcomeWrites:
         )
         for job, tick in rows:
             logger.warning(
-                "job %r tick %s: its claim's answer was lost; recorded missed", job,
-                tick.isoformat(), extra={"event": "missed", "job": job,
-                                         "tick": tick.isoformat(), "replica": self.replica_id},
-            )  # fmt: skip
+                "job %r tick %s: its claim's answer was lost; recorded missed",
+                job,
+                tick.isoformat(),
+                extra={
+                    "event": "missed",
+                    "job": job,
+                    "tick": tick.isoformat(),
+                    "replica": self.replica_id,
+                },
+            )
         self._tokens.clear()

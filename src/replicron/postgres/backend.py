@@ -342,7 +342,7 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
                 tokens=tokens,
                 ahead=CLAIM_AHEAD,
                 stale_after=timedelta(seconds=self.stale_after),
-            )  # fmt: skip
+            )
         sent = self._statements.sent_at()
         claimed = [ClaimRow(*row) for row in rows]
         if any(row.status == "moved" for row in claimed):

@@ -74,11 +74,15 @@ def read_lines(path: Path) -> list[Line]:
                 continue
             found.append(
                 Line(
-                    str(record["role"]), str(record["replica"]), str(record["run_id"]),
-                    int(record["pid"]), int(record["pgid"]), float(record["wall"]),
+                    str(record["role"]),
+                    str(record["replica"]),
+                    str(record["run_id"]),
+                    int(record["pid"]),
+                    int(record["pgid"]),
+                    float(record["wall"]),
                     float(record["mono"]),
                 )
-            )  # fmt: skip
+            )
     return sorted(found, key=lambda line: line.wall)
 
 

@@ -184,23 +184,29 @@ class RegisteredJobAdmin(_ReadOnly):
     @admin.action(description="Pause the selected jobs on every replica")
     def pause(self, request: HttpRequest, queryset: Any) -> None:
         self._each(
-            request, queryset, lambda backend, job, by: backend.pause(job, by),
+            request,
+            queryset,
+            lambda backend, job, by: backend.pause(job, by),
             lambda job, done: f"paused {job!r}" if done else f"{job!r} was paused already",
-        )  # fmt: skip
+        )
 
     @admin.action(description="Resume the selected jobs")
     def resume(self, request: HttpRequest, queryset: Any) -> None:
         self._each(
-            request, queryset, lambda backend, job, by: backend.resume(job),
+            request,
+            queryset,
+            lambda backend, job, by: backend.resume(job),
             lambda job, done: f"resumed {job!r}" if done else f"{job!r} was not paused",
-        )  # fmt: skip
+        )
 
     @admin.action(description="Run the selected jobs once now")
     def run_now(self, request: HttpRequest, queryset: Any) -> None:
         self._each(
-            request, queryset, lambda backend, job, by: backend.request_run(job, by),
+            request,
+            queryset,
+            lambda backend, job, by: backend.request_run(job, by),
             lambda job, at: f"asked for a run of {job!r} at {at.isoformat()}",
-        )  # fmt: skip
+        )
 
 
 @admin.register(Run)

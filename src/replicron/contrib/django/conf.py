@@ -28,14 +28,28 @@ __all__ = ["ReplicronSettings", "conninfo_of_alias", "make_backend", "read_setti
 BackendKind = Literal["postgres", "embedded", "memory"]
 
 _KEYS = {
-    "backend", "database", "state_dir", "namespace", "coordination", "timezone", "jobs",
-    "scheduler", "backend_options", "run_in_web_process", "autodiscover",
-}  # fmt: skip
+    "backend",
+    "database",
+    "state_dir",
+    "namespace",
+    "coordination",
+    "timezone",
+    "jobs",
+    "scheduler",
+    "backend_options",
+    "run_in_web_process",
+    "autodiscover",
+}
 #: OPTIONS of Django's PostgreSQL backend that are Django's own, not libpq's.
 _DJANGO_OPTIONS = {
-    "assume_role", "isolation_level", "pool", "server_side_binding", "prepare_threshold",
-    "cursor_factory", "context",
-}  # fmt: skip
+    "assume_role",
+    "isolation_level",
+    "pool",
+    "server_side_binding",
+    "prepare_threshold",
+    "cursor_factory",
+    "context",
+}
 _POSTGRES_VENDOR = "postgresql"
 
 
@@ -104,14 +118,18 @@ def read_settings() -> ReplicronSettings:
     if not isinstance(timezone, str):
         raise _problem("timezone", f"must be an IANA zone name, not {timezone!r}")
     found = ReplicronSettings(
-        backend=backend, database=raw.get("database", "default"),
-        state_dir=Path(state_dir) if state_dir else None, namespace=raw.get("namespace", ""),
-        coordination=coordination, timezone=timezone, jobs=tuple(jobs),
+        backend=backend,
+        database=raw.get("database", "default"),
+        state_dir=Path(state_dir) if state_dir else None,
+        namespace=raw.get("namespace", ""),
+        coordination=coordination,
+        timezone=timezone,
+        jobs=tuple(jobs),
         scheduler=dict(raw.get("scheduler", {})),
         backend_options=dict(raw.get("backend_options", {})),
         run_in_web_process=raw.get("run_in_web_process", False),
         autodiscover=raw.get("autodiscover", True),
-    )  # fmt: skip
+    )
     if backend == "postgres":
         conninfo_of_alias(found.database)  # the alias is there, and PostgreSQL
     return found
@@ -144,8 +162,13 @@ def conninfo_of_alias(alias: str) -> str:
         for key, value in (given.get("OPTIONS") or {}).items()
         if key not in _DJANGO_OPTIONS
     }
-    for key, name in (("NAME", "dbname"), ("USER", "user"), ("PASSWORD", "password"),
-                      ("HOST", "host"), ("PORT", "port")):  # fmt: skip
+    for key, name in (
+        ("NAME", "dbname"),
+        ("USER", "user"),
+        ("PASSWORD", "password"),
+        ("HOST", "host"),
+        ("PORT", "port"),
+    ):
         if given.get(key):
             params[name] = str(given[key])
     return make_conninfo("", **params)
@@ -170,8 +193,11 @@ def make_backend(settings: ReplicronSettings, *, migrate: bool = True) -> Backen
 
         options.setdefault("migrate", migrate)
         return PostgresBackend(
-            conninfo_of_alias(settings.database), namespace=settings.namespace,
-            coordination=settings.coordination, setting_names=names, **options,
-        )  # fmt: skip
+            conninfo_of_alias(settings.database),
+            namespace=settings.namespace,
+            coordination=settings.coordination,
+            setting_names=names,
+            **options,
+        )
     except (TypeError, ValueError) as exc:
         raise _problem("backend_options", str(exc)) from exc

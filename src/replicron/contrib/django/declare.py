@@ -202,9 +202,11 @@ def build_scheduler(settings: ReplicronSettings, **overrides: Any) -> Scheduler:
         options = dict(declared.options)
         try:
             scheduler.add_job(
-                declared.trigger, with_fresh_connections(declared.func), *declared.args,
+                declared.trigger,
+                with_fresh_connections(declared.func),
+                *declared.args,
                 **options,
-            )  # fmt: skip
+            )
         except (TypeError, ValueError) as exc:
             problems += [
                 f"{declared.origin}: {_naming_the_job(declared, line)}"

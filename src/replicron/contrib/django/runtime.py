@@ -60,8 +60,9 @@ def run_until_signalled(scheduler: Scheduler) -> int:
         pass
     _logger.info(
         "%s: stopping (runs under way get up to %g s)",
-        signal.Signals(received[0]).name, scheduler.stop_timeout,
-    )  # fmt: skip
+        signal.Signals(received[0]).name,
+        scheduler.stop_timeout,
+    )
     scheduler.shutdown(wait=True)
     _logger.info("stopped")
     return 0

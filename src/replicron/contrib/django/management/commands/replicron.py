@@ -72,9 +72,10 @@ class Command(BaseCommand):
         replicron_logger = logging.getLogger("replicron")
         if not replicron_logger.handlers and not logging.getLogger().handlers:
             logging.basicConfig(
-                level=logging.INFO, stream=sys.stderr,
+                level=logging.INFO,
+                stream=sys.stderr,
                 format="%(asctime)s %(levelname)s %(name)s %(message)s",
-            )  # fmt: skip
+            )
         # The process is the scheduler's own: it may hold the collector back during bursts.
         scheduler = build_scheduler(settings, **{"defer_gc": True, **settings.scheduler})
         try:
