@@ -70,7 +70,7 @@ def test_a_run_ending_while_the_server_is_out_of_reach_frees_its_lock_later(dsn:
                     raise AssertionError("the heartbeat reached a server refusing connections")
                 await release(a, record(held, "a"), unlock=True)  # kept to be written later
             await a._housekeeper.heartbeat()
-            await a._write_pending()
+            await a._writes.write_pending()
             assert row(dsn, held.run_id)[0] == "succeeded"
             assert lock_row(dsn, "report")[0] is None
             expire(dsn, "report")

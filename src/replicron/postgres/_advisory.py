@@ -1,80 +1,158 @@
-"""What coordinating through session advisory locks adds to what every mode does.
+"""Advisory coordination: a job's lock is a session advisory lock on the replica's lock session.
 
-A job's lock is a session advisory lock on the replica's lock session, so it lives and dies
-with that session: the replica keeps which run holds which key (and unlocks only those), each
-heartbeat checks them in ``pg_locks``, and a statement that ran on another server session
-than the lock session's (a transaction pooler in between, where no session lock holds) ends
-all coordination through it.
+So it lives and dies with that session: losing the session loses every lock at once (the
+runs are told to stop), each heartbeat reads the session's locks in ``pg_locks``, and a
+statement that ran on another server session than the lock session's (a transaction pooler
+in between, where no session lock holds) ends all coordination through it. The statements
+are ``sql/queries.sql``'s ``claim``, ``lock``, ``release``, ``heartbeat`` and
+``abandon_stale``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, timedelta
+from typing import Any, NoReturn
+from uuid import UUID
 
-from replicron.backends.base import RunRecord
+from psycopg_pool import AsyncConnectionPool
 
-from ._session import TransactionPoolerError
-from ._setting_names import PYTHON_NAMES
+from replicron.backends.base import Claim, ClaimRequest, RunRecord
+
+from ._claims import CLAIM_AHEAD, ClaimRow
+from ._coordination import Beat, CoordinationMode, Won
+from ._probe import check_advisory_locks, open_probe_session
+from ._runs import HeldRuns
+from ._session import LockSession, TransactionPoolerError
+from ._setting_names import PYTHON_NAMES, SettingNames
 from ._statements import Statements
 
-__all__ = ["SessionLocks", "refuse_pooler", "report_unheld"]
+__all__ = ["AdvisoryLocks", "refuse_pooler"]
 
 #: The backend's records keep the logger they are documented under.
 logger = logging.getLogger("replicron.postgres.backend")
 
 
-class SessionLocks:
-    """The job locks this replica holds on its lock session: lock key -> the run holding it."""
+class AdvisoryLocks:
+    """Coordination through session advisory locks on one lock session per replica."""
 
-    def __init__(self) -> None:
-        self._run_of: dict[int, int] = {}
+    name: CoordinationMode = "advisory"
+    locks_noun = "advisory locks"
 
-    def __contains__(self, key: int) -> bool:
-        return key in self._run_of
+    def __init__(self, statements: Statements, stale_after: timedelta) -> None:
+        self._statements = statements
+        self._stale_after = stale_after
 
-    def hold(self, key: int, run_id: int) -> None:
-        self._run_of[key] = run_id
+    def session(
+        self,
+        conninfo: str,
+        pool: AsyncConnectionPool[Any] | None,
+        on_lost: Callable[[], None],
+        **options: Any,
+    ) -> LockSession:
+        return LockSession(conninfo, on_lost=on_lost, **options)
 
-    def take(self, key: int, run_id: int | None) -> bool:
-        """Whether the finished run ``run_id`` is to unlock ``key``: only a lock this session
-        still holds for this run (after a lost session the lock is gone, and another replica
-        may hold the key now). A key taken counts as unlocked: ``hold`` it again if the
-        unlock did not happen."""
-        if self._run_of.get(key, -1) != run_id:
-            return False
-        del self._run_of[key]
-        return True
+    async def check_server(
+        self, conninfo: str, connect_timeout: float, setting_names: SettingNames
+    ) -> None:
+        # After the lock session connected: a transaction pooler gets its own, clearer refusal.
+        await check_advisory_locks(
+            lambda: open_probe_session(conninfo, connect_timeout),
+            lease_setting=setting_names.lease,
+        )
 
-    def runs(self) -> list[int]:
-        """The runs holding a lock, in run order."""
-        return sorted(self._run_of.values())
+    async def claim(
+        self,
+        unique: Sequence[ClaimRequest],
+        keys: Sequence[int],
+        tokens: Sequence[UUID],
+        replica: str,
+    ) -> Won:
+        rows = await self._statements.fetch(
+            "claim",
+            retry=True,  # the token makes a retry recognise the rows its first try inserted
+            jobs=[r.job for r in unique],
+            ticks=[r.scheduled_at for r in unique],
+            keys=list(keys),
+            locks=[r.lock for r in unique],
+            manual=[r.manual for r in unique],
+            limits=[r.max_runs for r in unique],
+            replica=replica,
+            tokens=tokens,
+            ahead=CLAIM_AHEAD,
+            stale_after=self._stale_after,
+        )
+        claimed = [ClaimRow(*row) for row in rows]
+        if any(row.status == "moved" for row in claimed):
+            refuse_pooler(self._statements, replica)
+        return {(row.job, row.tick.astimezone(UTC)): (row, 0) for row in claimed}
 
-    def give_back(self, key: int, run_id: int | None) -> None:
-        """A lock taken to be unlocked is still held: its unlock was rolled back."""
-        assert run_id is not None  # taken for the run holding it
-        self._run_of[key] = run_id
+    async def lock(self, claim: Claim, key: int, epoch: int | None, replica: str) -> bool:
+        [(locked,)] = await self._statements.fetch(
+            "lock", key=key, job=claim.job, run_id=claim.run_id, stale_after=self._stale_after
+        )
+        if locked is None:
+            refuse_pooler(self._statements, replica)
+        return bool(locked)
 
-    def forget(self, run_ids: Iterable[int]) -> None:
-        """These runs' locks are gone (or about to be): this session unlocks none of them."""
-        ended = set(run_ids)
-        for key in [key for key, run in self._run_of.items() if run in ended]:
-            del self._run_of[key]
+    def locks_survive(self, session: LockSession, generation: int) -> bool:
+        return session.connected and session.generation == generation
 
-    def drop_all(self) -> list[int]:
-        """The session is gone, and every lock with it: the runs that held them."""
-        lost = list(self._run_of.values())
-        self._run_of.clear()
-        return lost
+    async def release(
+        self,
+        params: dict[str, Any],
+        unlocking: Sequence[tuple[int, RunRecord]],
+        generation: int,
+        replica: str,
+    ) -> tuple[Sequence[bool], Sequence[str | None]]:
+        [(written, found, unlocked)] = await self._statements.fetch(
+            "release",
+            retry=True,  # written by run id, never over another outcome: idempotent
+            **params,
+        )
+        session = self._statements.session
+        if session is not None and session.generation != generation:
+            return written, found  # retried on a new session: the locks had died with the old
+        if None in unlocked:
+            refuse_pooler(self._statements, replica)
+        for (key, record), released in zip(unlocking, unlocked, strict=False):
+            if released is False:
+                logger.error(
+                    "job %r: advisory lock %s was not held at unlock",
+                    record.job,
+                    key,
+                    extra={"event": "lock_error", "job": record.job, "replica": replica},
+                )
+        return written, found
 
-    def missing(self, in_pg_locks: Iterable[int], unrefreshed: set[int]) -> list[int]:
-        """The runs whose lock the session no longer holds by ``pg_locks`` (keys as the
-        server reads them: unsigned), or whose row a heartbeat no longer refreshed."""
-        present = {(key - (1 << 64)) if key >= 1 << 63 else key for key in in_pg_locks}
-        return [
-            run for key, run in self._run_of.items() if key not in present or run in unrefreshed
-        ]
+    async def heartbeat(self, runs: HeldRuns, run_ids: Sequence[int], **params: Any) -> Beat:
+        [(ours, db_now, refreshed, held, peers, *leader)] = await self._statements.fetch(
+            "heartbeat", run_ids=run_ids, **params
+        )
+        if not ours:  # it ran on another server session than the lock session's
+            refuse_pooler(self._statements, params["replica"])
+        unrefreshed = runs.heartbeaten(run_ids, refreshed, self._statements.sent_at())
+        # A locked run whose lock is gone from pg_locks, or whose row was not refreshed.
+        lost = runs.locks.missing(signed(held), unrefreshed)
+        return Beat(db_now, peers, (leader[0], leader[1]), None, lost)
+
+    async def abandon_stale(self, stale_after: timedelta) -> list[Any]:
+        return await self._statements.fetch("abandon_stale", retry=True, stale_after=stale_after)
+
+    def deadline_passed(self) -> None:
+        # Every lock of the session goes with it: none outlives the run that must stop
+        # (nor, so, do the others' locks: their runs are told to stop by the lost session).
+        self._statements.invalidate()
+
+    async def free_locks(self, run_ids: Sequence[int], replica: str) -> None:
+        """Closing the session frees them."""
+
+
+def signed(keys: Iterable[int]) -> frozenset[int]:
+    """Advisory lock keys as ``pg_locks`` reads them (unsigned) as the signed bigints they
+    were taken as."""
+    return frozenset((key - (1 << 64)) if key >= 1 << 63 else key for key in keys)
 
 
 def refuse_pooler(statements: Statements, replica_id: str) -> NoReturn:
@@ -90,31 +168,3 @@ def refuse_pooler(statements: Statements, replica_id: str) -> NoReturn:
     statements.refuse(refusal)
     logger.error("%s", refusal, extra={"event": "lock_error", "replica": replica_id})
     raise refusal
-
-
-def report_unheld(
-    unlocking: Sequence[tuple[int, RunRecord]],
-    unlocked: Sequence[bool | None],
-    replica_id: str,
-    *,
-    leased: bool = False,
-) -> None:
-    """Say which of the locks a release unlocked the session turned out not to hold. In lease
-    mode that is expected of a run whose lease ended (it fenced itself; a janitor freed its
-    job's lock row), so it is a warning there, and an error of the session's in advisory."""
-    for (key, record), released in zip(unlocking, unlocked, strict=False):
-        if released is False and leased:
-            logger.warning(
-                "job %r: its lock was no longer run %s's at release (its lease had ended and "
-                "a janitor freed it, or an earlier try of this release did)",
-                record.job,
-                record.run_id,
-                extra={"event": "lock_error", "job": record.job, "replica": replica_id},
-            )
-        elif released is False:
-            logger.error(
-                "job %r: advisory lock %s was not held at unlock",
-                record.job,
-                key,
-                extra={"event": "lock_error", "job": record.job, "replica": replica_id},
-            )

@@ -1,13 +1,17 @@
-"""What the claim statement answers for each tick it was asked for."""
+"""What a claim statement answers for each tick it was asked for, and how early it may ask."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from replicron.backends.base import Claim, ClaimRequest, ClaimStatus
 
-__all__ = ["ClaimRow"]
+__all__ = ["CLAIM_AHEAD", "ClaimRow"]
+
+#: How far ahead of the database's clock a tick may be claimed: room for the error of the
+#: measured offset, far less than any tick spacing.
+CLAIM_AHEAD = timedelta(milliseconds=250)
 
 _STATUS = {
     "claimed": ClaimStatus.CLAIMED,

@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 from replicron.backends.base import RUN_REQUEST_EXPIRY
 from replicron.backends.leadership import LeaderTerm
 
-from ._advisory import refuse_pooler
-from ._failover import ServerIdentity, ServerWatch
+from ._coordination import Coordination
+from ._failover import ServerWatch
 from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._runs import HeldRuns
@@ -46,12 +46,13 @@ class MixedModesError(BackendUnavailableError):
 
 class Housekeeper:
     """Keeps the replica's held runs (``runs``) alive and the ledger tidy, through the
-    backend's ``statements``, and tells ``on_lock_lost`` of the runs that must stop.
-    ``write_pending`` writes the outcomes that wait to be written."""
+    backend's ``statements`` and its mode's ``coordination``, and tells ``on_lock_lost`` of
+    the runs that must stop. ``write_pending`` writes the outcomes that wait to be written."""
 
     def __init__(
         self,
         statements: Statements,
+        coordination: Coordination,
         *,
         heartbeat_interval: float,
         stale_after: float,
@@ -59,11 +60,9 @@ class Housekeeper:
         retention: timedelta,
         fence_stale_holders: bool,
         write_pending: Callable[[], Awaitable[None]],
-        leased: bool = False,
     ) -> None:
         self._statements = statements
-        #: Lease mode: the rows and lock rows are the locks, and no session holds anything.
-        self.leased = leased
+        self.coordination = coordination
         self._interval = heartbeat_interval
         self._stale_after = timedelta(seconds=stale_after)
         self._retention = retention
@@ -95,10 +94,6 @@ class Housekeeper:
         #: or None; checked whenever it joins, or comes back after the others counted it gone.
         self.refusal: str | None = None
         self._admitted = False
-
-    @property
-    def coordination(self) -> str:
-        return "lease" if self.leased else "advisory"
 
     @property
     def offset(self) -> timedelta | None:
@@ -149,10 +144,7 @@ class Housekeeper:
         async with self._beating:
             if time.monotonic() >= self._live_until:
                 self._admitted = False
-            if self.leased:
-                await self._renew_leases()
-            else:
-                await self._advisory_heartbeat()
+            await self._beat()
             self._live_until = self._statements.sent_at() + self._stale_after.total_seconds()
             if not self._admitted:
                 await self._check_modes()
@@ -201,14 +193,14 @@ class Housekeeper:
             "other_modes",
             retry=True,
             replica=self.replica_id,
-            coordination=self.coordination,
+            coordination=self.coordination.name,
             stale_after=self._stale_after,
         )
         refusal = None
         if others:
             named = ", ".join(f"{replica} ({mode})" for replica, mode in others)
             refusal = (
-                f"replicas coordinating in another mode than {self.coordination!r} share the "
+                f"replicas coordinating in another mode than {self.coordination.name!r} share the "
                 f"namespace: {named}. The modes' locks do not see each other: stop them all, or "
                 "give this replica their mode"
             )
@@ -242,13 +234,13 @@ class Housekeeper:
         )
         return dict(staying)
 
-    async def _advisory_heartbeat(self) -> None:
+    async def _beat(self) -> None:
+        """One heartbeat statement of the mode's; then the runs it could not prove live stop."""
         offset = self._offsets.current
-        sent = self.runs.to_heartbeat()
         contending, before = self._contending(), time.monotonic()
-        [(ours, db_now, refreshed, held, peers, *leader)] = await self._statements.fetch(
-            "heartbeat",
-            run_ids=sent,
+        beat = await self.coordination.heartbeat(
+            self.runs,
+            self.runs.to_heartbeat(),
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
@@ -257,62 +249,19 @@ class Housekeeper:
             leader_lease=self._leader_lease,
         )
         if contending:
-            self._led(before, *leader)
-        self.peers = frozenset(peers) | {self.replica_id}
-        if not ours:  # advisory: it ran on another server session than the lock session's
-            refuse_pooler(self._statements, self.replica_id)
-        self._clock_sample(db_now)
-        unrefreshed = self.runs.heartbeaten(sent, refreshed, self._statements.sent_at())
-        # Advisory: the locks the session still holds by pg_locks.
-        lost = self.runs.locks.missing(held, unrefreshed)
-        if lost:
-            self.runs.locks.forget(lost)
-            self._lose(lost)
-
-    async def _renew_leases(self) -> None:
-        """Lease mode: renew every row and job lock this replica holds in one statement; a run
-        whose row or lock was not renewed (a janitor wrote it off, another run took the lock
-        over) is lost."""
-        offset = self._offsets.current
-        runs = self.runs
-        sent = runs.to_heartbeat()
-        locked = runs.locks.runs()
-        contending, before = self._contending(), time.monotonic()
-        [
-            (db_now, refreshed, relocked, peers, holder, epoch, *server)
-        ] = await self._statements.fetch(
-            "lease_heartbeat",
-            retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
-            run_ids=sent,
-            epochs=[runs.epochs.get(run_id, 0) for run_id in sent],
-            locked_runs=locked,
-            replica=self.replica_id,
-            offset_ms=None if offset is None else offset.total_seconds() * 1000,
-            stale_after=self._stale_after,
-            leaving=self.leaving,
-            contending=contending,
-            leader_lease=self._leader_lease,
-        )
-        if contending:
-            self._led(before, holder, epoch)
-        self.peers = frozenset(peers) | {self.replica_id}
-        self._clock_sample(db_now)
-        # Connections of a pool are not checked as they open: the heartbeat checks the server.
-        self.server.seen(ServerIdentity(*server))
-        if self.server.pending:  # a failover: the held runs were told to stop
-            session = self._statements.session
-            assert session is not None
-            await self.server.restore(session.fetch)
-            return
-        unrefreshed = runs.heartbeaten(sent, refreshed, self._statements.sent_at())
-        # Only locks still held now: a release may have run between a failed first try of
-        # this heartbeat and its retry.
-        held = set(runs.locks.runs())
-        lost = sorted(((set(locked) - set(relocked)) | (unrefreshed & set(locked))) & held)
-        lost += sorted(unrefreshed - set(lost))
-        if lost:
-            runs.locks.forget(lost)
-            self._lose(lost)
+            self._led(before, *beat.leader)
+        self.peers = frozenset(beat.peers) | {self.replica_id}
+        self._clock_sample(beat.db_now)
+        if beat.server is not None:
+            self.server.seen(beat.server)
+            if self.server.pending:  # a failover: the held runs were told to stop
+                session = self._statements.session
+                assert session is not None
+                await self.server.restore(session.fetch)
+                return
+        if beat.lost:
+            self.runs.locks.forget(beat.lost)
+            self._lose(beat.lost)
 
     # ---- the clock offset ----------------------------------------------------------------
 
@@ -340,11 +289,7 @@ class Housekeeper:
         rows and registrations."""
         if self.refusal is not None:  # the namespace is the other mode's to look after
             return
-        stale = await self._statements.fetch(
-            "lease_abandon_stale" if self.leased else "abandon_stale",
-            retry=True,
-            stale_after=self._stale_after,
-        )
+        stale = await self.coordination.abandon_stale(self._stale_after)
         for job, tick, replica in stale:
             logger.warning(
                 "job %r tick %s: replica %s stopped heartbeating; recorded abandoned",
@@ -403,13 +348,12 @@ class Housekeeper:
         )
         self.runs.locks.forget(run_ids)
         self._on_lock_lost(run_ids)
-        if not self.leased:  # lease mode: the lock rows run out on the server's clock
-            self._statements.invalidate()  # their locks must not outlive them (nor the others')
+        self.coordination.deadline_passed()
 
     def _lose(self, run_ids: list[int]) -> None:
         logger.error(
             "lost the %s of runs %s",
-            "leases" if self.leased else "advisory locks",
+            self.coordination.locks_noun,
             run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )

@@ -4,10 +4,60 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ._advisory import SessionLocks
 from ._lease import Lease
 
-__all__ = ["HeldRuns"]
+__all__ = ["HeldLocks", "HeldRuns"]
+
+
+class HeldLocks:
+    """The job locks this replica holds (on its lock session, or as lock rows): lock key ->
+    the run holding it."""
+
+    def __init__(self) -> None:
+        self._run_of: dict[int, int] = {}
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._run_of
+
+    def hold(self, key: int, run_id: int) -> None:
+        self._run_of[key] = run_id
+
+    def take(self, key: int, run_id: int | None) -> bool:
+        """Whether the finished run ``run_id`` is to unlock ``key``: only a lock still held for
+        this run (after a lost session or lease the lock is gone, and another replica may
+        hold the key now). A key taken counts as unlocked: ``hold`` it again if the
+        unlock did not happen."""
+        if self._run_of.get(key, -1) != run_id:
+            return False
+        del self._run_of[key]
+        return True
+
+    def runs(self) -> list[int]:
+        """The runs holding a lock, in run order."""
+        return sorted(self._run_of.values())
+
+    def give_back(self, key: int, run_id: int | None) -> None:
+        """A lock taken to be unlocked is still held: its unlock was rolled back."""
+        assert run_id is not None  # taken for the run holding it
+        self._run_of[key] = run_id
+
+    def forget(self, run_ids: Iterable[int]) -> None:
+        """These runs' locks are gone (or about to be): this replica unlocks none of them."""
+        ended = set(run_ids)
+        for key in [key for key, run in self._run_of.items() if run in ended]:
+            del self._run_of[key]
+
+    def drop_all(self) -> list[int]:
+        """Every lock is gone (with the session that held them): the runs that held them."""
+        lost = list(self._run_of.values())
+        self._run_of.clear()
+        return lost
+
+    def missing(self, present: Iterable[int], unrefreshed: set[int]) -> list[int]:
+        """The runs whose lock key is not among the keys ``present``, or whose row a
+        heartbeat no longer refreshed."""
+        keys = set(present)
+        return [run for key, run in self._run_of.items() if key not in keys or run in unrefreshed]
 
 
 class HeldRuns:
@@ -18,7 +68,7 @@ class HeldRuns:
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease
-        self.locks = SessionLocks()
+        self.locks = HeldLocks()
         self._open: set[int] = set()
         self._stopped: set[int] = set()  # open runs told to stop
         #: Lease mode: the epoch of each open run's row this replica holds.

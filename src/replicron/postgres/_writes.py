@@ -5,9 +5,8 @@ and what the backend says of a write that did not simply record a first outcome.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from datetime import UTC, timedelta
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import UTC
 
 from replicron.backends.base import (
     Release,
@@ -17,14 +16,14 @@ from replicron.backends.base import (
     unrecorded_repeat,
 )
 
-from ._advisory import refuse_pooler, report_unheld
+from ._claims import CLAIM_AHEAD
+from ._coordination import Coordination
 from ._housekeeping import Housekeeper
-from ._runs import HeldRuns
 from ._session import BackendUnavailableError
 from ._statements import Statements
 from ._tokens import ClaimTokens
 
-__all__ = ["CLAIM_AHEAD", "OutcomeWrites", "log_unwritten", "log_write"]
+__all__ = ["OutcomeWrites", "log_unwritten", "log_write"]
 
 logger = logging.getLogger("replicron.postgres.backend")  # the backend's, as documented
 
@@ -85,110 +84,118 @@ def log_unwritten(record: RunRecord, replica: str) -> None:
     )
 
 
-#: How far ahead of the database's clock a tick may be claimed: room for the error of the
-#: measured offset, far less than any tick spacing.
-CLAIM_AHEAD = timedelta(milliseconds=250)
-
-
 class OutcomeWrites:
-    """Outcome writes, as methods of :class:`PostgresBackend`."""
+    """The backend's writes to the ledger once a tick's claim is over: outcomes, ticks
+    nobody ran, ranges of missed ticks; through ``statements`` and the mode's
+    ``coordination``, for the runs ``housekeeper`` holds. ``unreachable`` says whether the
+    server could not be reached a moment ago."""
 
-    replica_id: str
-    _unwritten: list[Release]  # outcomes whose write failed, oldest first
-    _write_epochs: dict[int, int | None]  # lease mode: the epoch each waiting outcome names
-    _runs: HeldRuns
-    _housekeeper: Housekeeper
-    _statements: Statements
-    _tokens: ClaimTokens
+    def __init__(
+        self,
+        statements: Statements,
+        coordination: Coordination,
+        housekeeper: Housekeeper,
+        tokens: ClaimTokens,
+        *,
+        lock_key: Callable[[str], int],
+        unreachable: Callable[[], bool],
+    ) -> None:
+        self._statements = statements
+        self._coordination = coordination
+        self._housekeeper = housekeeper
+        self._runs = housekeeper.runs
+        self._tokens = tokens
+        self._lock_key = lock_key
+        self._unreachable = unreachable
+        #: Outcomes whose write failed, oldest first.
+        self.unwritten: list[Release] = []
+        #: The epoch each outcome waiting to be written names, by run id (row lease fences
+        #: a holder's writes by it; advisory keeps it 0).
+        self._epochs: dict[int, int | None] = {}
 
-    def lock_key(self, job: str) -> int:
-        raise NotImplementedError  # the backend's
-
-    def _unreachable(self) -> bool:
-        raise NotImplementedError  # the backend's
-
-    async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
-        raise NotImplementedError  # the backend's: on its lock session
+    @property
+    def replica_id(self) -> str:
+        return self._housekeeper.replica_id
 
     async def release(self, releases: Sequence[Release]) -> None:
         """Record the outcomes (and drop the locks); an outcome that cannot be written now is
         kept and written with the next release or heartbeat, on a new session if need be."""
-        for release in releases:  # lease mode: each write names the epoch its run held
+        for release in releases:  # each write names the epoch its run held
             if (run_id := release.record.run_id) is not None:
-                self._write_epochs[run_id] = self._runs.epoch_of(run_id)
+                self._epochs[run_id] = self._runs.epoch_of(run_id)
         self._runs.finished(r.record.run_id for r in releases if r.record.run_id is not None)
         if self._unreachable():
             # The server could not be reached a moment ago: the housekeeper writes these with
             # its next heartbeat, so a shutdown never waits on one more failing reconnect.
-            # Advisory locks died with the session; lease mode's lock rows outlive it.
-            leased = self._housekeeper.leased
-            self._unwritten += [Release(r.record, leased and r.unlock) for r in releases]
+            # Whether the locks are still held to be unlocked is the mode's to say.
+            session = self._statements.session
+            survive = session is not None and self._coordination.locks_survive(
+                session, session.generation
+            )
+            self.unwritten += [Release(r.record, survive and r.unlock) for r in releases]
             return
         try:
             await self._write_outcomes(releases)
         except BackendUnavailableError as exc:  # kept: the scheduler says the database is gone
             logger.debug(
                 "%d outcomes wait to be written (%s); retrying on a new session",
-                len(self._unwritten),
+                len(self.unwritten),
                 exc,
                 extra={"event": "lock_error", "replica": self.replica_id},
             )
 
-    async def _write_pending(self) -> None:
+    async def write_pending(self) -> None:
         """Write the outcomes whose write failed before, on a new session if need be."""
-        if self._unwritten:
+        if self.unwritten:
             await self._write_outcomes([])
 
     async def _write_outcomes(self, releases: Sequence[Release]) -> None:
-        batch = self._unwritten + list(releases)
-        self._unwritten = []
+        batch = self.unwritten + list(releases)
+        self.unwritten = []
         unlocking: list[tuple[int, RunRecord]] = []  # the locks this batch unlocks
         for record, unlock in batch:
-            key = self.lock_key(record.job)
+            key = self._lock_key(record.job)
             if unlock and self._runs.locks.take(key, record.run_id):
                 unlocking.append((key, record))
         records = [release.record for release in batch]
         session = self._statements.session
         assert session is not None
         generation = session.generation
-        leased = self._housekeeper.leased
-        epochs = self._write_epochs
+        epochs = self._epochs
         try:
-            [(written, found, unlocked)] = await self._fetch(
-                "lease_release" if leased else "release",
-                retry=True,  # written by run id, never over another outcome: idempotent
-                run_ids=[r.run_id for r in records],
-                jobs=[r.job for r in records],
-                ticks=[r.scheduled_at for r in records],
-                outcomes=[r.outcome.value for r in records],
-                started=[r.started_at for r in records],
-                finished=[r.finished_at for r in records],
-                errors=[r.error for r in records],
-                epochs=[None if r.run_id is None else epochs.get(r.run_id) for r in records],
-                replica=self.replica_id,
-                unlock_keys=[key for key, _ in unlocking],
-                unlock_runs=[record.run_id for _, record in unlocking],
+            written, found = await self._coordination.release(
+                {
+                    "run_ids": [r.run_id for r in records],
+                    "jobs": [r.job for r in records],
+                    "ticks": [r.scheduled_at for r in records],
+                    "outcomes": [r.outcome.value for r in records],
+                    "started": [r.started_at for r in records],
+                    "finished": [r.finished_at for r in records],
+                    "errors": [r.error for r in records],
+                    "epochs": [None if r.run_id is None else epochs.get(r.run_id) for r in records],
+                    "replica": self.replica_id,
+                    "unlock_keys": [key for key, _ in unlocking],
+                    "unlock_runs": [record.run_id for _, record in unlocking],
+                },
+                unlocking,
+                generation,
+                self.replica_id,
             )
         except BaseException:  # nothing known written: every outcome of the batch is kept
-            # Lease mode: the lock rows outlive any connection; advisory: the session's locks
-            # live on only with it (the statement was rolled back).
-            kept = leased or (session.connected and session.generation == generation)
-            if kept:  # the session lives on (the statement was rolled back): so do its locks
+            # The statement was rolled back: the locks it was to unlock are held still if
+            # they outlive what happened to the session meanwhile (lock rows always do).
+            kept = self._coordination.locks_survive(session, generation)
+            if kept:
                 for key, record in unlocking:
                     self._runs.locks.give_back(key, record.run_id)
             unlocked_records = [record for _, record in unlocking]
-            self._unwritten = [
+            self.unwritten = [
                 Release(record, kept and record in unlocked_records) for record in records
-            ] + self._unwritten
+            ] + self.unwritten
             raise
         for record in records:
             if record.run_id is not None:
                 epochs.pop(record.run_id, None)
-        if not leased and session.generation != generation:
-            unlocked = []  # retried on a new session: the locks had died with the old one
-        elif not leased and None in unlocked:
-            refuse_pooler(self._statements, self.replica_id)
-        report_unheld(unlocking, unlocked, self.replica_id, leased=leased)
         journal = self._housekeeper.server.journal  # put back after a failover if need be
         for record, ok, before in zip(records, written, found, strict=True):
             log_write(record, ok, before, self.replica_id)
@@ -202,7 +209,7 @@ class OutcomeWrites:
         unique, where = once_per_tick(records)  # a record listed twice is recorded once
         ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         with self._tokens.attempt(ticks) as tokens:
-            rows = await self._fetch(
+            rows = await self._statements.fetch(
                 "record_unclaimed",
                 retry=True,  # the token recognises what a first try recorded
                 jobs=[r.job for r in unique],
@@ -213,7 +220,7 @@ class OutcomeWrites:
                 limits=[None if r.manual else r.max_runs for r in unique],
                 replica=self.replica_id,
                 ahead=CLAIM_AHEAD,
-                leased=self._housekeeper.leased,  # how a started run's lock is held
+                leased=self._coordination.name == "lease",  # how a started run's lock is held
             )
         found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
         # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or
@@ -235,7 +242,7 @@ class OutcomeWrites:
             for place, r in enumerate(ranges, 1)
             for start in r.starts or (r.scheduled_at,)
         ]
-        rows = await self._fetch(
+        rows = await self._statements.fetch(
             "record_missed_ranges",
             retry=True,  # a first try's range, found in the span, refuses the retry's
             jobs=[r.job for r in ranges],
@@ -272,13 +279,13 @@ class OutcomeWrites:
                 found.append(written.get(next(places), False))
         return found
 
-    async def _last_writes(self) -> None:
-        await self._write_pending()
+    async def last_writes(self) -> None:
+        await self.write_pending()
         if self._tokens:  # else a janitor records their rows abandoned
             await self._close_lost_claims()
 
     async def _close_lost_claims(self) -> None:
-        rows = await self._fetch(
+        rows = await self._statements.fetch(
             "close_lost_claims",
             tokens=self._tokens.tokens(),
             jobs=self._tokens.jobs(),

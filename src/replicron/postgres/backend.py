@@ -8,7 +8,8 @@
   still be going; the lock alone cannot see it). The replica stops its own runs when its lease
   runs out, before their rows go stale for the others (``_lease``, ``_runs``).
 * The heartbeat, the clock offset, the janitor and what follows a lost session or lease are
-  the housekeeper's (``_housekeeping``); what advisory locks add to that, ``_advisory``.
+  the housekeeper's (``_housekeeping``); how a job's lock is held and proven live is the
+  coordination mode's (``_coordination``: ``_advisory`` or ``_row_lease``), picked here.
 * All of it on one lock session per replica; claims of one instant go in one round trip,
   the outcome and the unlock in one more. A statement that failed with its session is retried
   once on a new one; outcomes that could not be written are kept and written later.
@@ -21,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -30,6 +31,7 @@ from replicron.backends.base import (
     ClaimRequest,
     LastFinish,
     Release,
+    RunRecord,
     answer_each,
     once_per_tick,
     taken_repeat,
@@ -39,21 +41,19 @@ from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, check_namespace, job_lock_key
 
-from ._advisory import refuse_pooler
-from ._claims import ClaimRow
+from ._advisory import AdvisoryLocks
 from ._cluster import ClusterMethods, read_namespaces
+from ._coordination import Coordination, CoordinationMode
 from ._failover import ServerIdentity
 from ._housekeeping import Housekeeper
-from ._leased_claims import LeasedClaims
-from ._pooled import BorrowedSession, PooledSession
-from ._probe import check_advisory_locks, open_probe_session
+from ._row_lease import RowLeases
 from ._session import LockSession
 from ._setting_names import PYTHON_NAMES, SettingNames
 from ._sources import ConnectionSource, conninfo_of
 from ._statements import Statements
 from ._status import JobStatus, ReplicaStatus, job_status, replica_status
 from ._tokens import ClaimTokens
-from ._writes import CLAIM_AHEAD, OutcomeWrites, log_unwritten
+from ._writes import OutcomeWrites, log_unwritten
 from .migrate import migrate_session
 
 __all__ = [
@@ -64,15 +64,10 @@ __all__ = [
     "ReplicaStatus",
 ]
 
-#: How replicas coordinate: ``"advisory"`` (a lock session per replica holding a session
-#: advisory lock per running tick) or ``"lease"`` (the ledger row is the lock; no session state,
-#: so a transaction pooler may sit in between). See docs/postgres.md.
-CoordinationMode = Literal["advisory", "lease"]
-
 logger = logging.getLogger(__name__)
 
 
-class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
+class PostgresBackend(ClusterMethods):
     """Coordinates replicas through one PostgreSQL database.
 
     ``namespace`` separates independent deployments sharing a database (lock keys are
@@ -118,12 +113,6 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
             raise ConfigurationError(
                 f"coordination must be 'advisory' or 'lease', not {coordination!r}"
             )
-        leased = coordination == "lease"
-        if leased and (fence_stale_holders or session_pooler):
-            raise ConfigurationError(
-                "fence_stale_holders and session_pooler are advisory mode's: in lease mode a "
-                "frozen holder's lease runs out, and any pooler may sit in between"
-            )
         self.coordination: CoordinationMode = coordination
         self.conninfo = conninfo_of(conninfo)
         #: Lease mode on the application's own pool: statements borrow its connections.
@@ -150,24 +139,48 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         self.replica_id = ""
         self._on_lock_lost: Callable[[Sequence[int]], None] = lambda _: None
         self._keys = LockKeyRegistry(self.lock_key)
-        self._unwritten: list[Release] = []  # outcomes whose write failed, oldest first
         self._tokens = ClaimTokens()  # of ticks whose claim (or miss record) failed
         self._statements = Statements(namespace)  # on the lock session, once open
+        self._coordination = self._coordination_for(coordination)
         self._housekeeper = Housekeeper(
             self._statements,
+            self._coordination,
             heartbeat_interval=heartbeat_interval,
             stale_after=self.stale_after,
             lease=self.lease,
             retention=retention,
             fence_stale_holders=fence_stale_holders,
-            write_pending=self._write_pending,
-            leased=leased,
+            write_pending=lambda: self._writes.write_pending(),
         )
-        #: Lease mode: the epoch each outcome waiting to be written names, by run id.
-        self._write_epochs: dict[int, int | None] = {}
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
+        self._writes = OutcomeWrites(
+            self._statements,
+            self._coordination,
+            self._housekeeper,
+            self._tokens,
+            lock_key=self.lock_key,
+            unreachable=self._unreachable,
+        )
         self._leading_task: asyncio.Task[None] | None = None
+
+    def _coordination_for(self, mode: CoordinationMode) -> Coordination:
+        """The one place that asks which mode this backend coordinates in."""
+        stale_after = timedelta(seconds=self.stale_after)
+        if mode == "lease":
+            if self.fence_stale_holders or self.session_pooler:
+                raise ConfigurationError(
+                    "fence_stale_holders and session_pooler are advisory mode's: in lease mode "
+                    "a frozen holder's lease runs out, and any pooler may sit in between"
+                )
+            return RowLeases(
+                self._statements,
+                stale_after,
+                peers=lambda: self.peers,
+                offset=self.clock_offset,
+                lost_claims=self._tokens.__contains__,
+            )
+        return AdvisoryLocks(self._statements, stale_after)
 
     async def join(self, since: datetime) -> None:
         await self._housekeeper.join(since)
@@ -252,38 +265,29 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         if on_lock_lost is not None:
             self._on_lock_lost = on_lock_lost
         self._housekeeper.attach(replica_id, self._on_lock_lost)
-        leased = self._housekeeper.leased
-        session: LockSession
-        options: dict[str, Any] = {
-            "application_name": f"replicron {replica_id}"[:63],
-            "connect_timeout": self.connect_timeout,
+        session = self._coordination.session(
+            self.conninfo,
+            self._pool,
+            self._housekeeper.session_lost,
+            application_name=f"replicron {replica_id}"[:63],
+            connect_timeout=self.connect_timeout,
             # A heartbeat waits behind a new session no longer than a heartbeat interval.
-            "reconnect_deadline": min(self.connect_timeout, self.heartbeat_interval),
-            "statement_deadline": self.statement_timeout,
-            "drop_after": self.stale_after,
-            # Lease mode: nothing is lost with a connection; the leases run out on their own.
-            "on_lost": (lambda: None) if leased else self._housekeeper.session_lost,
-            "session_pooler": self.session_pooler,
-            "setting_names": self.setting_names,
-        }
-        if leased and self._pool is not None:
-            session = BorrowedSession(self._pool, **options)
-        elif leased:
-            session = PooledSession(self.conninfo, **options)
-        else:
-            session = LockSession(self.conninfo, **options)
+            reconnect_deadline=min(self.connect_timeout, self.heartbeat_interval),
+            statement_deadline=self.statement_timeout,
+            drop_after=self.stale_after,
+            session_pooler=self.session_pooler,
+            setting_names=self.setting_names,
+        )
         self._statements.session = session
         session.on_connect = self._housekeeper.server.check  # which server (a failover?)
         await session.connect()
-        if not leased:
-            try:  # after the connect: a transaction pooler gets its own, clearer refusal
-                await check_advisory_locks(
-                    lambda: open_probe_session(self.conninfo, self.connect_timeout),
-                    lease_setting=self.setting_names.lease,
-                )
-            except BaseException:
-                await session.close()
-                raise
+        try:
+            await self._coordination.check_server(
+                self.conninfo, self.connect_timeout, self.setting_names
+            )
+        except BaseException:
+            await session.close()
+            raise
         if self.migrate:
             await migrate_session(session)
         await self._housekeeper.start()
@@ -294,15 +298,15 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
 
     async def close(self) -> None:
         await self._housekeeper.stop()
-        if (self._unwritten or self._tokens) and not self._unreachable():
+        if (self._writes.unwritten or self._tokens) and not self._unreachable():
             with contextlib.suppress(Exception):  # one last try, bounded: shutdown goes on
-                await asyncio.wait_for(self._last_writes(), self.statement_timeout)
+                await asyncio.wait_for(self._writes.last_writes(), self.statement_timeout)
         if self._session is not None and not self._unreachable():
             with contextlib.suppress(Exception):  # bounded, and shutdown goes on regardless
                 await asyncio.wait_for(self._stopped(), self.statement_timeout)
-        for release in self._unwritten:
+        for release in self._writes.unwritten:
             log_unwritten(release.record, self.replica_id)
-        self._unwritten.clear()
+        self._writes.unwritten.clear()
         if self._session is not None:
             await self._session.close()
         self._runs.close()
@@ -314,50 +318,30 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
             raise ConfigurationError(f"namespace {self.namespace!r}: {refusal}")
 
     async def _stopped(self) -> None:
-        """Gone for the others at once; in lease mode, with no lock left behind (in advisory
-        mode closing the session frees them)."""
-        held = self._runs.locks.runs()
-        if self._housekeeper.leased and held:
-            await self._fetch("lease_free", run_ids=held, replica=self.replica_id)
+        """Gone for the others at once, with no lock left behind."""
+        await self._coordination.free_locks(self._runs.locks.runs(), self.replica_id)
         await self._fetch("replica_stopped", replica=self.replica_id)
 
     async def claim(self, requests: Sequence[ClaimRequest]) -> list[Claim]:
         await self._housekeeper.admit()
         unique, where = once_per_tick(requests)  # a tick asked for twice: the repeat is TAKEN
-        if self._housekeeper.leased:
-            answers = await self._claim_leased(unique)
-            return answer_each(requests, answers, where, taken_repeat)
         ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
         with self._tokens.attempt(ticks) as tokens:
-            rows = await self._fetch(
-                "claim",
-                retry=True,  # the token makes a retry recognise the rows its first try inserted
-                jobs=[r.job for r in unique],
-                ticks=[r.scheduled_at for r in unique],
-                keys=[self.lock_key(r.job) for r in unique],
-                locks=[r.lock for r in unique],
-                manual=[r.manual for r in unique],
-                limits=[r.max_runs for r in unique],
-                replica=self.replica_id,
-                tokens=tokens,
-                ahead=CLAIM_AHEAD,
-                stale_after=timedelta(seconds=self.stale_after),
+            won = await self._coordination.claim(
+                unique, [self.lock_key(r.job) for r in unique], tokens, self.replica_id
             )
         sent = self._statements.sent_at()
-        claimed = [ClaimRow(*row) for row in rows]
-        if any(row.status == "moved" for row in claimed):
-            refuse_pooler(self._statements, self.replica_id)
-        won = {(row.job, row.tick.astimezone(UTC)): row for row in claimed}
         answers = []
         for request, tick in zip(unique, ticks, strict=True):
-            row = won.get(tick)
-            if row is None:  # no row came back for it: somebody has it
+            found = won.get(tick)
+            if found is None:  # no row came back for it: somebody has it
                 answers.append(taken_repeat(request))
                 continue
+            row, epoch = found
             if (pid := row.frozen_holder) is not None:
                 await self._housekeeper.blocked_by_frozen(request.job, row.blocker, pid)
             if row.opened is not None:
-                self._runs.claimed(row.opened)
+                self._runs.claimed(row.opened, epoch)
                 self._journal_claim(request.job, tick[1], row.opened, request.manual)
             if row.locked_run is not None:
                 self._runs.locked(self.lock_key(request.job), row.locked_run, sent)
@@ -368,36 +352,20 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
         key = self.lock_key(claim.job)
         if key in self._runs.locks:  # the session would take it again: it re-enters its locks
             return False
-        if self._housekeeper.leased:
-            return await self._lock_leased(claim, key)
-        [(locked,)] = await self._fetch(
-            "lock",
-            key=key,
-            job=claim.job,
-            run_id=claim.run_id,
-            stale_after=timedelta(seconds=self.stale_after),
-        )
-        if locked is None:
-            refuse_pooler(self._statements, self.replica_id)
-        if locked:
-            assert claim.run_id is not None
-            self._runs.locked(key, claim.run_id, self._statements.sent_at())
-        return bool(locked)
+        epoch = self._runs.epoch_of(claim.run_id)
+        if not await self._coordination.lock(claim, key, epoch, self.replica_id):
+            return False
+        assert claim.run_id is not None
+        self._runs.locked(key, claim.run_id, self._statements.sent_at())
+        return True
 
-    async def _lock_leased(self, claim: Claim, key: int) -> bool:
-        [(locked,)] = await self._fetch(
-            "lease_lock",
-            retry=True,  # a compare-and-set that a second try of the same run passes again
-            job=claim.job,
-            run_id=claim.run_id,
-            epoch=self._runs.epoch_of(claim.run_id),
-            replica=self.replica_id,
-            stale_after=timedelta(seconds=self.stale_after),
-        )
-        if locked:
-            assert claim.run_id is not None
-            self._runs.locked(key, claim.run_id, self._statements.sent_at())
-        return bool(locked)
+    async def release(self, releases: Sequence[Release]) -> None:
+        """Record the outcomes (and drop the locks); an outcome that cannot be written now is
+        kept and written with the next release or heartbeat, on a new session if need be."""
+        await self._writes.release(releases)
+
+    async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
+        return await self._writes.record_unclaimed(records)
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))

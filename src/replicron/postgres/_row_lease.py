@@ -1,0 +1,207 @@
+"""Row-lease coordination: a job's lock is its row of ``replicron_job_locks``, live while its
+``lease_until`` is ahead of the server's now.
+
+Nothing lives in a server session, so any connection will do (a transaction pooler, the
+application's own pool): a lost connection loses nothing, the rows run out on the server's
+clock, and a run's row and lock are renewed by compare-and-set on its epoch, which a janitor
+bumps when it writes the run off, so a fenced holder writes nothing more. The statements are
+``sql/lease.sql``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from psycopg_pool import AsyncConnectionPool
+
+from replicron.backends.base import Claim, ClaimRequest, RunRecord
+
+from ._claims import CLAIM_AHEAD, ClaimRow
+from ._coordination import Beat, CoordinationMode, Won
+from ._failover import ServerIdentity
+from ._pooled import BorrowedSession, PooledSession
+from ._runs import HeldRuns
+from ._session import LockSession
+from ._setting_names import SettingNames
+from ._statements import Statements
+
+__all__ = ["RowLeases"]
+
+#: The backend's records keep the logger they are documented under.
+logger = logging.getLogger("replicron.postgres.backend")
+
+
+class RowLeases:
+    """Coordination through lock rows that run out on the server's clock. ``peers`` and
+    ``offset`` read the replicas seen lately and the database's clock offset."""
+
+    name: CoordinationMode = "lease"
+    locks_noun = "leases"
+
+    def __init__(
+        self,
+        statements: Statements,
+        stale_after: timedelta,
+        *,
+        peers: Callable[[], frozenset[str]],
+        offset: Callable[[], timedelta | None],
+        lost_claims: Callable[[tuple[str, datetime]], bool],
+    ) -> None:
+        self._statements = statements
+        self._stale_after = stale_after
+        self._peers = peers
+        self._offset = offset
+        self._lost_claim = lost_claims
+
+    def session(
+        self,
+        conninfo: str,
+        pool: AsyncConnectionPool[Any] | None,
+        on_lost: Callable[[], None],
+        **options: Any,
+    ) -> LockSession:
+        # Nothing is lost with a connection: the leases run out on their own.
+        if pool is not None:
+            return BorrowedSession(pool, on_lost=lambda: None, **options)
+        return PooledSession(conninfo, on_lost=lambda: None, **options)
+
+    async def check_server(
+        self, conninfo: str, connect_timeout: float, setting_names: SettingNames
+    ) -> None:
+        """Any server will do: no lock needs a server session of its own."""
+
+    async def claim(
+        self,
+        unique: Sequence[ClaimRequest],
+        keys: Sequence[int],
+        tokens: Sequence[UUID],
+        replica: str,
+    ) -> Won:
+        """The ticks another replica has already are read once, the others claimed; each won
+        row comes with the epoch this replica holds it in."""
+        had = await self._rows_of_others(unique)
+        trying = [n for n in range(len(unique)) if n not in had]
+        if not trying:
+            return {}
+        rows = await self._statements.fetch(
+            "lease_claim",
+            retry=True,  # the token makes a retry recognise the rows its first try inserted
+            jobs=[unique[n].job for n in trying],
+            ticks=[unique[n].scheduled_at for n in trying],
+            locks=[unique[n].lock for n in trying],
+            manual=[unique[n].manual for n in trying],
+            limits=[unique[n].max_runs for n in trying],
+            replica=replica,
+            tokens=[tokens[n] for n in trying],
+            ahead=CLAIM_AHEAD,
+            stale_after=self._stale_after,
+        )
+        return {
+            (job, tick.astimezone(UTC)): (
+                ClaimRow(job, tick, run_id, status, holder, False, None),
+                epoch,
+            )
+            for job, tick, run_id, status, holder, epoch in rows
+        }
+
+    async def _rows_of_others(self, unique: Sequence[ClaimRequest]) -> set[int]:
+        """Among peers: which of the ticks whose instant has come already have a row (their
+        first replica claimed them ahead), read once instead of tried one by one. A tick
+        whose claim's answer this replica lost is tried again, never read."""
+        if len(self._peers()) < 2:
+            return set()
+        now = datetime.now(UTC) + (self._offset() or timedelta(0))
+        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
+        due = [
+            n
+            for n, request in enumerate(unique)
+            if not request.manual and request.scheduled_at <= now and not self._lost_claim(ticks[n])
+        ]
+        if not due:
+            return set()
+        rows = await self._statements.fetch(
+            "lease_unclaimed",
+            retry=True,
+            jobs=[ticks[n][0] for n in due],
+            ticks=[ticks[n][1] for n in due],
+        )
+        free = {due[position - 1] for (position,) in rows}
+        return set(due) - free
+
+    async def lock(self, claim: Claim, key: int, epoch: int | None, replica: str) -> bool:
+        [(locked,)] = await self._statements.fetch(
+            "lease_lock",
+            retry=True,  # a compare-and-set that a second try of the same run passes again
+            job=claim.job,
+            run_id=claim.run_id,
+            epoch=epoch,
+            replica=replica,
+            stale_after=self._stale_after,
+        )
+        return bool(locked)
+
+    def locks_survive(self, session: LockSession, generation: int) -> bool:
+        return True  # lock rows outlive every connection
+
+    async def release(
+        self,
+        params: dict[str, Any],
+        unlocking: Sequence[tuple[int, RunRecord]],
+        generation: int,
+        replica: str,
+    ) -> tuple[Sequence[bool], Sequence[str | None]]:
+        [(written, found, unlocked)] = await self._statements.fetch(
+            "lease_release",
+            retry=True,  # written by run id and epoch, never over another outcome: idempotent
+            **params,
+        )
+        for (_, record), released in zip(unlocking, unlocked, strict=False):
+            if released is False:  # the run fenced itself; a janitor freed its job's lock row
+                logger.warning(
+                    "job %r: its lock was no longer run %s's at release (its lease had ended "
+                    "and a janitor freed it, or an earlier try of this release did)",
+                    record.job,
+                    record.run_id,
+                    extra={"event": "lock_error", "job": record.job, "replica": replica},
+                )
+        return written, found
+
+    async def heartbeat(self, runs: HeldRuns, run_ids: Sequence[int], **params: Any) -> Beat:
+        """Renew every row and job lock this replica holds in one statement. A locked run
+        whose lock row or row was not renewed is lost, then any other run whose row was not
+        (a janitor wrote it off, another run took the lock over)."""
+        locked = runs.locks.runs()
+        [
+            (db_now, refreshed, relocked, peers, holder, epoch, *server)
+        ] = await self._statements.fetch(
+            "lease_heartbeat",
+            retry=True,  # a renewal is a compare-and-set: running it twice changes nothing
+            run_ids=run_ids,
+            epochs=[runs.epochs.get(run_id, 0) for run_id in run_ids],
+            locked_runs=locked,
+            **params,
+        )
+        unrefreshed = runs.heartbeaten(run_ids, refreshed, self._statements.sent_at())
+        # Only locks still held now: a release may have run between a failed first try of
+        # this heartbeat and its retry.
+        held = set(runs.locks.runs())
+        lost = sorted(((set(locked) - set(relocked)) | (unrefreshed & set(locked))) & held)
+        lost += sorted(unrefreshed - set(lost))
+        # Connections of a pool are not checked as they open: the heartbeat reads the server.
+        return Beat(db_now, peers, (holder, epoch), ServerIdentity(*server), lost)
+
+    async def abandon_stale(self, stale_after: timedelta) -> list[Any]:
+        return await self._statements.fetch(
+            "lease_abandon_stale", retry=True, stale_after=stale_after
+        )
+
+    def deadline_passed(self) -> None:
+        """The lock rows run out on the server's clock: nothing to give up here."""
+
+    async def free_locks(self, run_ids: Sequence[int], replica: str) -> None:
+        if run_ids:
+            await self._statements.fetch("lease_free", run_ids=list(run_ids), replica=replica)
