@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,10 +30,11 @@ from ._bounds import BOUND_STATEMENT, bounded_rows, server_timeout
 from ._secrets import scrub
 from ._session import BackendUnavailableError, connect_failure
 from ._sql import queries
+from ._statements import Statements
 from ._status import job_status, replica_status
 
 __all__ = [
-    "ClusterMethods",
+    "ClusterCalls",
     "Database",
     "announce_params",
     "forget_job",
@@ -192,22 +193,23 @@ async def forget_job(
     return [r for r, gone in rows if gone], [r for r, gone in rows if not gone]
 
 
-class ClusterMethods:
-    """The cluster's registry and pauses, as methods of :class:`PostgresBackend`."""
+class ClusterCalls:
+    """The namespace's registry, pauses and run requests, for a backend: announced and read
+    on its ``statements`` (a replica's own, through its session), read and changed by
+    everyone else on a short connection to ``database`` each."""
 
-    conninfo: str
-    namespace: str
-    stale_after: float
-    connect_timeout: float
-    statement_timeout: float
-    replica_id: str
-
-    @property
-    def _database(self) -> Database:
-        return Database(self.conninfo, self.connect_timeout, self.statement_timeout)
-
-    async def _fetch(self, name: str, *, retry: bool = False, **params: Any) -> list[Any]:
-        raise NotImplementedError  # the backend's: on its lock session
+    def __init__(
+        self,
+        statements: Statements,
+        database: Database,
+        stale_after: float,
+        replica: Callable[[], str],
+    ) -> None:
+        self._statements = statements
+        self._database = database
+        self.namespace = statements.namespace
+        self.stale_after = stale_after
+        self._replica = replica
 
     async def announce(
         self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
@@ -215,10 +217,10 @@ class ClusterMethods:
         """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
         to the registry; returns the registrations of its jobs by live replicas that define
         them differently."""
-        rows = await self._fetch(
+        rows = await self._statements.fetch(
             "announce",
             retry=True,
-            replica=self.replica_id,
+            replica=self._replica(),
             stale_after=timedelta(seconds=self.stale_after),
             **announce_params(definitions, removed, complete),
         )
@@ -244,9 +246,9 @@ class ClusterMethods:
         return await request_run(self._database, self.namespace, job, by)
 
     async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
-        """The manual runs asked for ``jobs`` not yet run, oldest first (on the lock
+        """The manual runs asked for ``jobs`` not yet run, oldest first (on the replica's
         session)."""
-        rows = await self._fetch(
+        rows = await self._statements.fetch(
             "run_requests", retry=True, jobs=list(jobs), keep=RUN_REQUEST_EXPIRY
         )
         return [(job, at) for job, at in rows]
@@ -255,3 +257,7 @@ class ClusterMethods:
         """A job dropped from the code is expected no more: the registrations of replicas
         that are gone go. Returns their replicas, and the live ones that still schedule it."""
         return await forget_job(self._database, self.namespace, job, self.stale_after)
+
+    async def namespaces(self) -> dict[str, int]:
+        """Every namespace with recorded runs in the database, and its number of rows."""
+        return await read_namespaces(self._database)

@@ -37,12 +37,13 @@ from replicron.backends.base import (
     taken_repeat,
 )
 from replicron.backends.leadership import Leader
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, LockKeyCollisionError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, check_namespace, job_lock_key
 
 from ._advisory import AdvisoryLocks
-from ._cluster import ClusterMethods, read_namespaces
+from ._cluster import ClusterCalls, Database
 from ._coordination import Coordination, CoordinationMode
 from ._failover import ServerIdentity
 from ._housekeeping import Housekeeper
@@ -67,7 +68,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-class PostgresBackend(ClusterMethods):
+class PostgresBackend:
     """Coordinates replicas through one PostgreSQL database.
 
     ``namespace`` separates independent deployments sharing a database (lock keys are
@@ -161,6 +162,13 @@ class PostgresBackend(ClusterMethods):
             self._tokens,
             lock_key=self.lock_key,
             unreachable=self._unreachable,
+        )
+        #: The namespace's registry, pauses and run requests.
+        self._cluster = ClusterCalls(
+            self._statements,
+            Database(self.conninfo, connect_timeout, self.statement_timeout),
+            self.stale_after,
+            lambda: self.replica_id,
         )
         self._leading_task: asyncio.Task[None] | None = None
 
@@ -367,6 +375,44 @@ class PostgresBackend(ClusterMethods):
     async def record_unclaimed(self, records: Sequence[RunRecord]) -> list[int | None]:
         return await self._writes.record_unclaimed(records)
 
+    # ---- the cluster's registry, pauses and run requests ---------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        return await self._cluster.announce(definitions, removed, complete)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The namespace's jobs, pauses and replicas as the database has them (a short
+        connection of its own: callable from any event loop, open or not)."""
+        return await self._cluster.cluster_status()
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` on every replica of the namespace, from each one's next claim;
+        False if it was paused already."""
+        return await self._cluster.pause(job, by)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await self._cluster.resume(job)
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` across the namespace (see
+        :class:`~replicron.backends.base.RunRequests`)."""
+        return await self._cluster.request_run(job, by)
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The manual runs asked for ``jobs`` not yet run, oldest first."""
+        return await self._cluster.run_requests(jobs)
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await self._cluster.forget(job)
+
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         rows = await self._fetch("last_ticks", retry=True, jobs=list(jobs))
         return {job: tick.astimezone(UTC) for job, tick in rows}
@@ -390,7 +436,7 @@ class PostgresBackend(ClusterMethods):
 
     async def namespaces(self) -> dict[str, int]:
         """Every namespace with recorded runs in this database, and its number of rows."""
-        return await read_namespaces(self._database)
+        return await self._cluster.namespaces()
 
     async def replicas(self) -> list[ReplicaStatus]:
         rows = await self._fetch("replicas", stale_after=timedelta(seconds=self.stale_after))
