@@ -3,7 +3,9 @@
     python tools/async_to_sync.py          # write the generated files
     python tools/async_to_sync.py --check  # exit 1 if a generated file is stale
 
-Rules, line by line: a line ending in ``# async-only`` is dropped; a line ending in
+Rules, line by line: a line ending in ``# async-only`` is dropped, and so is every line from
+one starting ``# async-only: from here`` to one starting ``# async-only: to here`` (what the
+sync flavour imports from the async one, so that both share one definition); a line ending in
 ``# sync: TEXT`` becomes TEXT (keeping its indentation); then words are renamed
 (``async def`` -> ``def``, ``await `` -> ``""``, ``AsyncConnection`` -> ``Connection`` ...).
 """
@@ -41,7 +43,13 @@ HEADER = '"""Generated from {source} by tools/async_to_sync.py: do not edit."""\
 
 def convert(text: str, source: str) -> str:
     lines = []
+    dropping = False
     for line in text.splitlines():
+        if line.lstrip().startswith("# async-only: from here"):
+            dropping = True
+        if dropping:
+            dropping = not line.lstrip().startswith("# async-only: to here")
+            continue
         if line.rstrip().endswith("# async-only"):
             continue
         match = re.match(r"^(\s*).*# sync: (.*)$", line)

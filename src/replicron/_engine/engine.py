@@ -1,8 +1,9 @@
 """The engine: one asyncio implementation under both ``Scheduler`` and ``AsyncScheduler``.
 
-It sleeps until the planner's next wake-up (or a job change), claims the due ticks from the
-backend in one batch, starts the runs, enforces timeouts and records every outcome. Its parts,
-each owning its own state:
+It sleeps until the planner's next wake-up (or a job change), reads the ledger for the
+fixed-delay jobs whose next tick it does not know yet, claims the due ticks from the backend in
+one batch, starts the runs, enforces timeouts and records every outcome. Its parts, each owning
+its own state:
 
 * :class:`~.registry.JobRegistry`: the jobs and their plan (registration from any thread);
 * :class:`~.dispatch.Dispatcher`: claims a step's ticks and settles each answer;
@@ -25,13 +26,12 @@ from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime, tzinfo
 from typing import TypeVar
 
-from replicron.backends.base import Backend, LeasedRuns, SharedCoordination
+from replicron.backends.base import Backend, LastFinishes, LeasedRuns, SharedCoordination
 from replicron.clock import Clock, ClusterClock, SystemClock
 from replicron.context import _current
 from replicron.events import Listener
 
 from .background import Background
-from .chain_reads import ChainReads
 from .cluster_watch import ClusterWatch
 from .dispatch import ConcurrencyMode, Dispatcher
 from .health import CATCHING_UP, CLAIMING, CLAIMING_MANUAL, RECORDING_MISSED, BackendHealth
@@ -67,6 +67,8 @@ _PREPARE_DELAY = 0.02
 #: Seconds before it that an instant further off is planned: in time to work out even 100,000
 #: ticks, and late enough that jobs added in bulk meanwhile are not planned twice.
 _PREPARE_AHEAD = 10.0
+#: What a step first does with the backend, as told to the health.
+_READING_FINISHES = "reading the last finish of fixed-delay jobs"
 
 
 class Engine:
@@ -156,7 +158,7 @@ class Engine:
             queue_backlogs=self._dispatcher.queue_backlogs,
         )
         self.cluster = ClusterWatch(backend, self.registry, self.observer, health)
-        self._chains = ChainReads(backend, self.registry, health)
+        self._finishes = backend if isinstance(backend, LastFinishes) else None
         self._membership = Membership(shared, health, self._background)
         # The registry hears at once that a job expects no more ticks.
         self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
@@ -316,7 +318,7 @@ class Engine:
         self._wake.clear()
         now = self.clock.now()
         lead = self._dispatcher.lead()
-        await self._chains.read(now + lead)  # fixed-delay jobs: their next ticks first
+        await self._read_chains(now + lead)  # fixed-delay jobs: their next ticks first
         decision, catch_up, manual = self.registry.take_due(now + lead)
         immediate: list[Tick] = []
         catch_up, since = self.leadership.step(catch_up, now, immediate)
@@ -367,10 +369,25 @@ class Engine:
         if wake_at is not None:
             wake_at -= lead
         others = (self._runs.next_deadline(), self._dispatcher.claim_more_at())
-        for at in (*others, self._chains.read_at()):
+        for at in (*others, self.registry.chain_read_at()):
             if at is not None and (wake_at is None or at < wake_at):
                 wake_at = at
         return retries.wake_at(wake_at)
+
+    async def _read_chains(self, now: datetime) -> None:
+        """Read the last finish of each fixed-delay job that needs it at ``now`` (one
+        statement for them all) and plan its next tick. A failed read is told to the health,
+        and tried again at the job's next read (its tick waits: no finish, no tick)."""
+        jobs = self.registry.chains_to_read(now)
+        if not jobs or self._finishes is None:
+            return
+        try:
+            found = await self._finishes.last_finishes(jobs)
+        except Exception as exc:
+            self.health.failed(exc, _READING_FINISHES)
+            return
+        self.health.answered(_READING_FINISHES)
+        self.registry.chains_learned(jobs, found, now)
 
     def _thread_freed(self) -> None:
         """A sync run ended: claim more of the ticks left for others, if enough threads

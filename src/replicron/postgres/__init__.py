@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ._housekeeping import MixedModesError
-from ._locked_async import alocked_run
-from ._locked_result import LockedRun
+from ._locked_async import LockedRun, alocked_run
 from ._locked_sync import locked_run
 from ._probe import UntrustedAdvisoryLocksError
 from ._session import BackendUnavailableError, TransactionPoolerError

@@ -1,16 +1,20 @@
 """``alocked_run``: the standalone building block, async flavour (source of the sync one).
 
 ``tools/async_to_sync.py`` generates ``_locked_sync.py`` from this file; CI fails when the
-two drift. Edit this file, then run the tool.
+two drift. Edit this file, then run the tool. What both flavours share, the result and the
+locks this process's callers hold, is defined here alone: the sync flavour imports it.
 """
 
 from __future__ import annotations
 
+import asyncio  # async-only
 import inspect  # async-only
 import logging
+import threading  # async-only
+import weakref  # async-only
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple  # sync: from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -18,15 +22,48 @@ from psycopg.pq import TransactionStatus
 
 from replicron.dsn import plain_postgres_url
 from replicron.keys import job_lock_key
-from replicron.postgres._aio import shielded  # async-only
-from replicron.postgres._locked_result import LockedRun, ProcessHolds
-from replicron.postgres._secrets import masking_errors
+
+# sync: from ._locked_async import LockedRun, ProcessHolds
+from ._secrets import masking_errors
 
 __all__ = ["LockedRun", "alocked_run"]
 
 logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.AsyncConnection[Any] | psycopg_pool.AsyncConnectionPool[Any]
+
+
+# async-only: from here (both flavours share these: one LockedRun, whichever flavour returns it)
+class LockedRun(NamedTuple):
+    """Whether the function ran (``False``: another holder had the lock) and its value."""
+
+    ran: bool
+    value: Any = None
+
+
+class ProcessHolds:
+    """The lock keys this process's callers hold, per connection. An advisory lock re-enters
+    within its session, so callers sharing one connection would all get it: they exclude
+    each other here first."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
+
+    def take(self, conn: Any, key: int) -> bool:
+        with self._guard:
+            keys = self._held.setdefault(conn, set())
+            if key in keys:
+                return False
+            keys.add(key)
+            return True
+
+    def give_back(self, conn: Any, key: int) -> None:
+        with self._guard:
+            self._held.get(conn, set()).discard(key)
+
+
+# async-only: to here
 
 _holds = ProcessHolds()
 
@@ -89,6 +126,22 @@ async def _unlock(conn: psycopg.AsyncConnection[Any], name: str, key: int) -> bo
     return released
 
 
+# async-only: from here (only a task can be cancelled while it waits for the unlock)
+async def _unlock_shielded(conn: psycopg.AsyncConnection[Any], name: str, key: int) -> bool:
+    """``_unlock`` run to its end even if the caller is cancelled meanwhile: a lock left held
+    would outlive the call on a connection that goes back to its pool or its owner. The
+    cancellation is re-raised afterwards."""
+    unlocking = asyncio.ensure_future(_unlock(conn, name, key))
+    try:
+        return await asyncio.shield(unlocking)
+    except asyncio.CancelledError:
+        await unlocking
+        raise
+
+
+# async-only: to here
+
+
 async def alocked_run(
     source: ConnectionSource,
     name: str,
@@ -117,5 +170,5 @@ async def alocked_run(
             if inspect.isawaitable(value):  # async-only
                 value = await value  # async-only
         finally:
-            await shielded(_unlock(conn, name, key))  # sync: _unlock(conn, name, key)
+            await _unlock_shielded(conn, name, key)  # sync: _unlock(conn, name, key)
     return LockedRun(True, value)

@@ -13,14 +13,16 @@ from psycopg.pq import TransactionStatus
 
 from replicron.dsn import plain_postgres_url
 from replicron.keys import job_lock_key
-from replicron.postgres._locked_result import LockedRun, ProcessHolds
-from replicron.postgres._secrets import masking_errors
+
+from ._locked_async import LockedRun, ProcessHolds
+from ._secrets import masking_errors
 
 __all__ = ["LockedRun", "locked_run"]
 
 logger = logging.getLogger(__name__)
 
 ConnectionSource = str | psycopg.Connection[Any] | psycopg_pool.ConnectionPool[Any]
+
 
 _holds = ProcessHolds()
 
