@@ -144,7 +144,7 @@ def test_a_stopping_leader_hands_the_lease_on_at_once(dsn: str) -> None:
 def test_the_lease_length_is_the_runs_lease() -> None:
     backend = PostgresBackend("postgresql://x@127.0.0.1/x", heartbeat_interval=5, stale_after=20)
     assert backend.lease == 15
-    assert timedelta(seconds=backend.lease) == backend._housekeeper._leader_lease
+    assert timedelta(seconds=backend.lease) == backend._housekeeper._leader_term
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -11,7 +11,7 @@ import pytest
 from replicron import every
 from replicron._engine.planner import MAX_ENUMERATED_TICKS, resync_plan, ticks_from
 from replicron.clock import ClusterClock
-from replicron.postgres._lease import Lease
+from replicron.postgres._deadline import RunDeadline
 from replicron.postgres._offset import OffsetEstimator
 from replicron.testing import FakeClock
 from tests.helpers import z
@@ -109,7 +109,7 @@ def test_ticks_from_lists_both_ends_and_keeps_the_latest_when_there_are_too_many
 def test_the_lease_expires_from_the_last_proof_of_life_that_was_sent() -> None:
     async def main() -> None:
         expired: list[list[int]] = []
-        lease = Lease(1.0, expired.append)
+        lease = RunDeadline(1.0, expired.append)
         now = asyncio.get_running_loop().time()
         lease.start(1, now - 0.6)
         lease.start(2, now - 0.2)

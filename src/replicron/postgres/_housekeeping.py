@@ -1,11 +1,11 @@
-"""PostgreSQL housekeeping: the heartbeat, the clock offset, the janitor, and what happens
-when the runs this replica holds are lost.
+"""PostgreSQL housekeeping: the heartbeat, the run deadlines, the clock offset, the janitor,
+and what happens when the runs this replica holds are lost.
 
-Every ``heartbeat_interval`` the heartbeat refreshes the rows of this replica's open runs
-(renewing their lease), notes the replica as seen with its clock offset, learns its peers and
-checks that the lock session still holds its runs' locks; the outcomes whose write failed are
-written after it; every twelfth time the janitor records the open runs of dead replicas
-abandoned and prunes old rows.
+Every ``heartbeat_interval`` the heartbeat (its statement the coordination mode's) refreshes
+the rows of this replica's open runs (renewing their run deadlines), notes the replica as
+seen with its clock offset, learns its peers and checks that its runs' locks are still
+theirs; the outcomes whose write failed are written after it; every twelfth time the janitor
+records the open runs of dead replicas abandoned and prunes old rows.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from replicron.backends.base import RUN_REQUEST_EXPIRY
 from replicron.backends.leadership import LeaderTerm
 
 from ._coordination import Coordination
+from ._deadline import RunDeadline
 from ._failover import ServerWatch
-from ._lease import Lease
 from ._offset import OffsetEstimator
 from ._runs import HeldRuns
 from ._session import BackendUnavailableError
@@ -68,10 +68,10 @@ class Housekeeper:
         self._retention = retention
         self._fence = fence_stale_holders
         self._write_pending = write_pending
-        self.runs = HeldRuns(Lease(lease, self._lease_expired))
+        self.runs = HeldRuns(RunDeadline(lease, self._deadline_passed))
         #: Leader mode: this replica's term as leader, as long as its runs' lease.
         self.leader = LeaderTerm()
-        self._leader_lease = timedelta(seconds=lease)
+        self._leader_term = timedelta(seconds=lease)
         #: The server this replica talks to; a failover stops the held runs.
         self.server = ServerWatch(statements.namespace, held=self.runs.going_on, lose=self._lose)
         self.replica_id = ""
@@ -161,7 +161,7 @@ class Housekeeper:
                     "leader_lease",
                     retry=True,
                     replica=self.replica_id,
-                    leader_lease=self._leader_lease,
+                    leader_lease=self._leader_term,
                 )
             except Exception as exc:  # the heartbeats try again
                 logger.debug("leader lease: %s", exc, extra={"event": "lock_error"})
@@ -177,7 +177,7 @@ class Housekeeper:
         the session's last round trip, which on a pool may be another statement's) found
         ``holder``."""
         if epoch is not None:
-            self.leader.seen(holder, epoch, sent, self._leader_lease.total_seconds())
+            self.leader.seen(holder, epoch, sent, self._leader_term.total_seconds())
 
     async def admit(self) -> None:
         """Before a claim: raise :class:`MixedModesError` unless this replica may claim. A
@@ -246,7 +246,7 @@ class Housekeeper:
             stale_after=self._stale_after,
             leaving=self.leaving,
             contending=contending,
-            leader_lease=self._leader_lease,
+            leader_lease=self._leader_term,
         )
         if contending:
             self._led(before, *beat.leader)
@@ -338,11 +338,11 @@ class Housekeeper:
         if lost:
             self._lose(lost)
 
-    def _lease_expired(self, run_ids: list[int]) -> None:
+    def _deadline_passed(self, run_ids: list[int]) -> None:
         logger.error(
             "no heartbeat got through for %.1f s: stopping runs %s before other replicas may "
             "take their jobs over",
-            self.runs.lease.length,
+            self.runs.deadline.length,
             run_ids,
             extra={"event": "lock_lost", "replica": self.replica_id},
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ._lease import Lease
+from ._deadline import RunDeadline
 
 __all__ = ["HeldLocks", "HeldRuns"]
 
@@ -63,11 +63,12 @@ class HeldLocks:
 class HeldRuns:
     """This replica's claimed, unfinished runs, heartbeated until they finish and never
     after; of those, the ones holding their job's lock (``locks``), which run under the
-    ``lease``: they are told to stop once no heartbeat has proven them alive for its length.
+    run ``deadline``: they are told to stop once no heartbeat has proven them alive for its
+    length.
     """
 
-    def __init__(self, lease: Lease) -> None:
-        self.lease = lease
+    def __init__(self, deadline: RunDeadline) -> None:
+        self.deadline = deadline
         self.locks = HeldLocks()
         self._open: set[int] = set()
         self._stopped: set[int] = set()  # open runs told to stop
@@ -82,14 +83,14 @@ class HeldRuns:
     def locked(self, key: int, run_id: int, sent_at: float) -> None:
         """The run holds its job's lock ``key``, taken by a statement sent at ``sent_at``."""
         self.locks.hold(key, run_id)
-        self.lease.start(run_id, sent_at)
+        self.deadline.start(run_id, sent_at)
 
     def finished(self, run_ids: Iterable[int]) -> None:
         """These runs stop counting as running here at once: never heartbeated again."""
         ended = list(run_ids)
         self._open.difference_update(ended)
         self._stopped.difference_update(ended)
-        self.lease.end(ended)
+        self.deadline.end(ended)
         for run_id in ended:
             self.epochs.pop(run_id, None)
 
@@ -104,17 +105,17 @@ class HeldRuns:
         self, sent: Sequence[int], refreshed: Sequence[int], sent_at: float
     ) -> set[int]:
         """A heartbeat sent at ``sent_at`` for the runs ``sent`` refreshed the rows
-        ``refreshed``: their lease is renewed. Returns the runs it did not refresh that are
+        ``refreshed``: their deadline is renewed. Returns the runs it did not refresh that are
         still open: recorded by someone else meanwhile (a janitor that took them for dead),
         they must stop."""
-        self.lease.renew(refreshed, sent_at)
+        self.deadline.renew(refreshed, sent_at)
         return (set(sent) - set(refreshed)) & self._open
 
     def lost(self, run_ids: Iterable[int]) -> None:
-        """These runs are told to stop: no lease of theirs runs on."""
+        """These runs are told to stop: no deadline of theirs runs on."""
         stopped = list(run_ids)
         self._stopped.update(stopped)
-        self.lease.end(stopped)
+        self.deadline.end(stopped)
 
     def going_on(self) -> list[int]:
         """The open runs not told to stop yet."""
@@ -124,11 +125,11 @@ class HeldRuns:
         """The session went, and every lock on it: the runs that held one."""
         lost = self.locks.drop_all()
         self._stopped.update(lost)
-        self.lease.clear()
+        self.deadline.clear()
         return lost
 
     def close(self) -> None:
-        self.lease.clear()
+        self.deadline.clear()
         self.locks.drop_all()
         self.epochs.clear()
         self._stopped.clear()

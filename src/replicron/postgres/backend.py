@@ -6,7 +6,7 @@
 * No overlap: the job's session advisory lock is held for the run, and a run may start only if
   no other open run of the job is still heartbeating (a run whose replica lost its lock may
   still be going; the lock alone cannot see it). The replica stops its own runs when its lease
-  runs out, before their rows go stale for the others (``_lease``, ``_runs``).
+  runs out, before their rows go stale for the others (``_deadline``, ``_runs``).
 * The heartbeat, the clock offset, the janitor and what follows a lost session or lease are
   the housekeeper's (``_housekeeping``); how a job's lock is held and proven live is the
   coordination mode's (``_coordination``: ``_advisory`` or ``_row_lease``), picked here.
@@ -246,7 +246,7 @@ class PostgresBackend:
     def lease_end(self, run_id: int) -> float | None:
         """When the locked run ``run_id`` must stop unless a heartbeat renews its lease
         (``time.monotonic()``, which the daemon's reaper reads too); ``None`` if it holds none."""
-        return self._runs.lease.end_of(run_id)
+        return self._runs.deadline.end_of(run_id)
 
     @property
     def server_changes(self) -> int:

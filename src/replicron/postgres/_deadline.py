@@ -1,7 +1,7 @@
-"""The replica's side of the lease on its runs (self-fencing).
+"""The run deadline: the replica's side of its runs' liveness (self-fencing).
 
 Other replicas treat a run as live until its row's ``heartbeat_at`` (stamped by the database
-when a heartbeat or the claim ran) plus ``stale_after``. The replica measures the same lease
+when a heartbeat or the claim ran) plus ``stale_after``. The replica measures the same span
 on its own monotonic clock from when that heartbeat or claim was *sent*, which is earlier, and
 gives it a shorter length: so its runs are told to stop before any other replica may start
 the job, whatever the network, keepalives or server do.
@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-__all__ = ["Lease"]
+__all__ = ["RunDeadline"]
 
 
-class Lease:
+class RunDeadline:
     """When each locked run's liveness was last proven, and a timer that fires ``on_expiry``
-    with the runs whose lease ran out."""
+    with the runs whose deadline passed."""
 
     def __init__(self, length: float, on_expiry: Callable[[list[int]], None]) -> None:
         self.length = length
@@ -38,7 +38,7 @@ class Lease:
             self._rearm()
 
     def renew(self, run_ids: Iterable[int], sent_at: float) -> None:
-        """A heartbeat sent at ``sent_at`` refreshed these runs' rows. A lease that had already
+        """A heartbeat sent at ``sent_at`` refreshed these runs' rows. A deadline that had already
         ended when it was sent stays ended: its run may have stopped on it (and the timer
         tells the scheduler so), whatever the server still held."""
         for run_id in run_ids:
@@ -57,7 +57,8 @@ class Lease:
         self._rearm()
 
     def end_of(self, run_id: int) -> float | None:
-        """When ``run_id``'s lease ends unless renewed (``time.monotonic()``), if it holds one."""
+        """When ``run_id``'s deadline passes unless renewed (``time.monotonic()``), if it has
+        one."""
         proven = self._proven.get(run_id)
         return None if proven is None else proven + self.length
 
