@@ -47,7 +47,7 @@ class MixedModesError(BackendUnavailableError):
 class Housekeeper:
     """Keeps the replica's held runs (``runs``) alive and the ledger tidy, through the
     backend's ``statements`` and its mode's ``coordination``, and tells ``on_lock_lost`` of
-    the runs that must stop. ``write_pending`` writes the outcomes that wait to be written."""
+    the runs that must stop."""
 
     def __init__(
         self,
@@ -59,7 +59,6 @@ class Housekeeper:
         lease: float,
         retention: timedelta,
         fence_stale_holders: bool,
-        write_pending: Callable[[], Awaitable[None]],
     ) -> None:
         self._statements = statements
         self.coordination = coordination
@@ -67,7 +66,6 @@ class Housekeeper:
         self._stale_after = timedelta(seconds=stale_after)
         self._retention = retention
         self._fence = fence_stale_holders
-        self._write_pending = write_pending
         self.runs = HeldRuns(RunDeadline(lease, self._deadline_passed))
         #: Leader mode: this replica's term as leader, as long as its runs' lease.
         self.leader = LeaderTerm()
@@ -105,12 +103,14 @@ class Housekeeper:
         self.replica_id = self.server.replica_id = self.leader.replica_id = replica_id
         self._on_lock_lost = on_lock_lost
 
-    async def start(self) -> None:
+    async def start(self, write_pending: Callable[[], Awaitable[None]]) -> None:
+        """Be seen, and keep house from now on: each loop's heartbeat is followed by
+        ``write_pending``, which writes the outcomes that wait to be written."""
         self.leaving = False  # a backend opened again after a shutdown
         for _ in range(3):  # the offset is needed before the first tick is planned
             await self._sample_clock()
         await self.heartbeat()  # seen by the other replicas, and seeing them, from the start
-        self._task = asyncio.get_running_loop().create_task(self._housekeep())
+        self._task = asyncio.get_running_loop().create_task(self._housekeep(write_pending))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -119,14 +119,14 @@ class Housekeeper:
                 await self._task
             self._task = None
 
-    async def _housekeep(self) -> None:
+    async def _housekeep(self, write_pending: Callable[[], Awaitable[None]]) -> None:
         beats = 0
         while True:
             await asyncio.sleep(self._interval)
             beats += 1
             try:
                 await self.heartbeat()
-                await self._write_pending()
+                await write_pending()
                 if beats % JANITOR_EVERY == 1:
                     await self.janitor()
             except BackendUnavailableError as exc:

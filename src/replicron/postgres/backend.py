@@ -151,7 +151,6 @@ class PostgresBackend:
             lease=self.lease,
             retention=retention,
             fence_stale_holders=fence_stale_holders,
-            write_pending=lambda: self._writes.write_pending(),
         )
         # Claimed, locked and finished here; heartbeated, and stopped when lost, there.
         self._runs = self._housekeeper.runs
@@ -298,7 +297,7 @@ class PostgresBackend:
             raise
         if self.migrate:
             await migrate_session(session)
-        await self._housekeeper.start()
+        await self._housekeeper.start(self._writes.write_pending)
         # After the first heartbeat, which says this replica's mode: of two replicas of
         # different modes starting at once, each sees the other.
         await self._refuse_mixed_modes()
