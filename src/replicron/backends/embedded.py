@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
@@ -44,7 +45,7 @@ from ._leader_lock import LEADER_LOCK, LeaderLock, LeaderMethods
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
-from ._sqlite_cluster import ClusterMethods, join, leave, register_replica, replica_stopped
+from ._sqlite_cluster import SqliteCluster, join, leave, register_replica, replica_stopped
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir, problem_of
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
 
@@ -59,13 +60,16 @@ LOCKS_DIR = "locks"
 _LOST = "claimed, but its caller was cancelled before it heard; not run"
 
 
-class EmbeddedBackend(ClusterMethods, LeaderMethods):
+class EmbeddedBackend(LeaderMethods):
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
 
     ``busy_timeout``: how long a write waits for another process's transaction (seconds).
     Finished rows older than ``retention`` are pruned, keeping each job's latest; the janitor
     (abandoning the open rows of dead processes, pruning) runs every ``janitor_interval``
     seconds, when claims are made.
+
+    Its part :class:`SqliteCluster` keeps the cluster's registry, pauses and status, through
+    its thread and its open ledger.
     """
 
     #: Replicas in other processes claim from this backend too: a scheduler claims at an
@@ -113,6 +117,13 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         self._janitor = Janitor("", retention, janitor_interval)
         self._io: CallThread | None = None  # the thread every blocking call runs on
         self.leader_retry = leader_retry
+        self._cluster = SqliteCluster(
+            self.state_dir,
+            busy_timeout,
+            on_thread=self._call,
+            ledger=self._require,
+            replica=lambda: self.replica_id,
+        )
         self._leader = LeaderLock(self.state_dir / LEADER_LOCK)
         self._leader_task = None
 
@@ -212,6 +223,44 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         if self._io is None:
             raise ConfigurationError("the EmbeddedBackend is not open")
         return await self._io.call(work, *args, give_back=give_back)
+
+    # ---- ClusterRegistry, RunRequests: the cluster part ----------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        return await self._cluster.announce(definitions, removed, complete)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The jobs, pauses and replicas of the state directory (a connection of its own:
+        callable from any event loop, open or not)."""
+        return await self._cluster.status()
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` for every replica of the state directory, from each one's next
+        claim; False if it was paused already."""
+        return await self._cluster.pause(job, by)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await self._cluster.resume(job)
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` by whichever replica sees it first (see
+        :class:`~replicron.backends.base.RunRequests`)."""
+        return await self._cluster.request_run(job, by)
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The manual runs asked for ``jobs`` not yet run, oldest first."""
+        return await self._cluster.run_requests(jobs)
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await self._cluster.forget(job)
 
     # ---- on the backend's thread ---------------------------------------------------------
 
