@@ -41,13 +41,14 @@ from ._call_thread import CallThread
 from ._claims import ClaimBatch
 from ._file_locks import FileLocks
 from ._janitor import Janitor
-from ._leader_lock import LEADER_LOCK, LeaderLock, LeaderMethods
+from ._leader_lock import LEADER_LOCK, LeaderCandidate
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
 from ._sqlite_cluster import SqliteCluster, join, leave, register_replica, replica_stopped
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir, problem_of
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .leadership import Leader
 
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
 
@@ -60,7 +61,7 @@ LOCKS_DIR = "locks"
 _LOST = "claimed, but its caller was cancelled before it heard; not run"
 
 
-class EmbeddedBackend(LeaderMethods):
+class EmbeddedBackend:
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
 
     ``busy_timeout``: how long a write waits for another process's transaction (seconds).
@@ -68,8 +69,9 @@ class EmbeddedBackend(LeaderMethods):
     (abandoning the open rows of dead processes, pruning) runs every ``janitor_interval``
     seconds, when claims are made.
 
-    Its part :class:`SqliteCluster` keeps the cluster's registry, pauses and status, through
-    its thread and its open ledger.
+    Its parts: the cluster's registry, pauses and status (:class:`SqliteCluster`) and its bid
+    for the leader lease (:class:`LeaderCandidate`), both working through its thread and its
+    open ledger.
     """
 
     #: Replicas in other processes claim from this backend too: a scheduler claims at an
@@ -124,8 +126,13 @@ class EmbeddedBackend(LeaderMethods):
             ledger=self._require,
             replica=lambda: self.replica_id,
         )
-        self._leader = LeaderLock(self.state_dir / LEADER_LOCK)
-        self._leader_task = None
+        self._candidate = LeaderCandidate(
+            self.state_dir / LEADER_LOCK,
+            leader_retry,
+            on_thread=self._call,
+            ledger=self._require,
+            replica=lambda: self.replica_id,
+        )
 
     @property
     def ledger_path(self) -> Path:
@@ -185,9 +192,7 @@ class EmbeddedBackend(LeaderMethods):
             raise
 
     async def close(self) -> None:
-        if self._leader_task is not None:
-            self._leader_task.cancel()
-            self._leader_task = None
+        self._candidate.stop_seeking()
         io, self._io = self._io, None  # calls from now on are refused
         if io is not None:
             await io.end(self._close_ledger)  # behind the calls under way
@@ -262,6 +267,20 @@ class EmbeddedBackend(LeaderMethods):
         that are gone go. Returns their replicas, and the live ones that still schedule it."""
         return await self._cluster.forget(job)
 
+    # ---- LeaderLease: the leader part ----------------------------------------------------
+
+    def contend(self, on_change: Callable[[], None]) -> None:
+        """Take the leader lease's lock file as soon as it is free (tried every
+        ``leader_retry`` seconds) and hold it until the backend closes or its process ends."""
+        self._candidate.contend(on_change)
+
+    def leading(self) -> bool:
+        return self._candidate.leading()
+
+    @property
+    def leader(self) -> Leader | None:
+        return self._candidate.leader
+
     # ---- on the backend's thread ---------------------------------------------------------
 
     def _open_ledger(
@@ -296,7 +315,7 @@ class EmbeddedBackend(LeaderMethods):
             join(conn, self.replica_id, since)
 
     def _leave(self) -> dict[str, datetime] | None:
-        self._leader.unlock()  # a standby takes over at its next try
+        self._candidate.resign()
         return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:
@@ -334,7 +353,7 @@ class EmbeddedBackend(LeaderMethods):
             self._open.clear()
             self._unwritten = []
             self._locks.unlock_all()
-            self._leader.unlock()
+            self._candidate.resign()
             if ledger is not None:
                 ledger.close()
 
