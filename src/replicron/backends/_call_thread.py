@@ -13,14 +13,21 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["CallThread"]
+__all__ = ["CallThread", "OnThread"]
 
 #: The backend's logger: its records keep the name they are filtered and shown by.
 logger = logging.getLogger("replicron.backends.embedded")
 
 _T = TypeVar("_T")
+
+
+class OnThread(Protocol):
+    """How a part of the backend has ``work(*args)`` run on the backend's thread (the
+    backend's own call, refused while it is not open)."""
+
+    async def __call__(self, work: Callable[..., _T], *args: Any) -> _T: ...
 
 
 class CallThread:

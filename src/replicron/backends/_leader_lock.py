@@ -14,8 +14,9 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
+from ._call_thread import OnThread
 from ._file_locks import release, try_hold
 from ._ledger import Ledger, now_us
 from ._sql import sql
@@ -24,10 +25,9 @@ from .leadership import Leader
 if TYPE_CHECKING:
     from filelock import FileLock
 
-__all__ = ["LEADER_LOCK", "LeaderLock", "LeaderMethods"]
+__all__ = ["LEADER_LOCK", "LeaderCandidate", "LeaderLock"]
 
 logger = logging.getLogger("replicron.backends.embedded")
-_T = TypeVar("_T")
 
 #: The leader lease's lock file, in the state directory.
 LEADER_LOCK = "leader.lock"
@@ -70,47 +70,63 @@ class LeaderLock:
             release(self.path, self._lock)
 
 
-class LeaderMethods:
-    """Leader mode's methods of ``EmbeddedBackend`` (see :class:`LeaderLease`)."""
+class LeaderCandidate:
+    """One backend handle's bid for the leader lease: from :meth:`contend` on, it tries the
+    lock file at ``path`` every ``retry`` seconds (through ``on_thread``, in the handle's open
+    ``ledger``, as ``replica``) until it takes it; it holds it until :meth:`resign`."""
 
-    replica_id: str
-    leader_retry: float
-    _leader: LeaderLock
-    _leader_task: asyncio.Task[None] | None
-
-    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
-        raise NotImplementedError  # the backend's: on its own thread, one call at a time
-
-    def _require(self) -> Ledger:
-        raise NotImplementedError  # the backend's: its open ledger
+    def __init__(
+        self,
+        path: Path,
+        retry: float,
+        *,
+        on_thread: OnThread,
+        ledger: Callable[[], Ledger],
+        replica: Callable[[], str],
+    ) -> None:
+        self._lock = LeaderLock(path)
+        self._retry = retry
+        self._on_thread = on_thread
+        self._ledger = ledger
+        self._replica = replica
+        self._seeking: asyncio.Task[None] | None = None
 
     def contend(self, on_change: Callable[[], None]) -> None:
-        """Take the leader lease's lock file as soon as it is free (tried every
-        ``leader_retry`` seconds) and hold it until the backend closes or its process ends."""
-        if self._leader_task is None:
-            self._leader_task = asyncio.get_running_loop().create_task(self._seek(on_change))
+        if self._seeking is None:
+            self._seeking = asyncio.get_running_loop().create_task(self._seek(on_change))
 
     def leading(self) -> bool:
-        return self._leader.held
+        return self._lock.held
 
     @property
     def leader(self) -> Leader | None:
-        return self._leader.leader
+        return self._lock.leader
+
+    def stop_seeking(self) -> None:
+        """No more tries (the backend closes); a lease taken is held until :meth:`resign`."""
+        if self._seeking is not None:
+            self._seeking.cancel()
+            self._seeking = None
+
+    def resign(self) -> None:
+        """Let go of the lease, if held: a standby takes over at its next try. On the
+        backend's thread."""
+        self._lock.unlock()
 
     async def _seek(self, on_change: Callable[[], None]) -> None:
         while True:
             try:
-                if await self._call(self._lead):
+                if await self._on_thread(self._lead):
                     on_change()
                     return
             except Exception as exc:  # tried again: a busy ledger, or not open (yet)
                 logger.warning(
                     "could not seek the leader lease: %s",
                     exc,
-                    extra={"event": "lock_error", "replica": self.replica_id},
+                    extra={"event": "lock_error", "replica": self._replica()},
                 )
-            await asyncio.sleep(self.leader_retry)
+            await asyncio.sleep(self._retry)
 
     def _lead(self) -> bool:
-        with self._require().write() as conn:
-            return self._leader.attempt(conn, self.replica_id)
+        with self._ledger().write() as conn:
+            return self._lock.attempt(conn, self._replica())

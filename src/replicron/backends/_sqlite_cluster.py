@@ -24,6 +24,7 @@ from replicron.cluster import (
 from replicron.errors import JobNotFoundError, StateDirError
 from replicron.events import Outcome
 
+from ._call_thread import OnThread
 from ._ledger import Ledger, now_us
 from ._micros import MICROSECOND, from_micros, to_micros
 from ._processes import Claimant, process_alive
@@ -32,7 +33,7 @@ from ._state_dir import LEDGER_NAME
 from .base import RUN_REQUEST_EXPIRY
 
 __all__ = [
-    "ClusterMethods",
+    "SqliteCluster",
     "announce",
     "forget",
     "join",
@@ -286,69 +287,67 @@ def _at(micros: int | None) -> datetime | None:
     return None if micros is None else from_micros(micros)
 
 
-class ClusterMethods:
-    """The cluster's registry, pauses and status, as methods of ``EmbeddedBackend``."""
+class SqliteCluster:
+    """The cluster's registry, pauses, run requests and status, for one backend handle.
 
-    replica_id: str
-    state_dir: Path
-    busy_timeout: float
+    What its replica writes or reads as it schedules (``announce``, ``run_requests``) goes
+    through ``on_thread`` into the handle's open ``ledger``, as ``replica``. What anyone may
+    ask (status, pauses, run requests, forgetting) opens the ledger of ``state_dir`` on a
+    connection of its own: callable from any event loop, open or not.
+    """
 
-    async def _call(self, work: Callable[..., _T], *args: Any) -> _T:
-        raise NotImplementedError  # the backend's: on its own thread, one call at a time
-
-    def _require(self) -> Ledger:
-        raise NotImplementedError  # the backend's: its open ledger
+    def __init__(
+        self,
+        state_dir: Path,
+        busy_timeout: float,
+        *,
+        on_thread: OnThread,
+        ledger: Callable[[], Ledger],
+        replica: Callable[[], str],
+    ) -> None:
+        self._state_dir = state_dir
+        self._busy_timeout = busy_timeout
+        self._on_thread = on_thread
+        self._ledger = ledger
+        self._replica = replica
 
     async def announce(
         self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
-        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
-        to the registry; returns the registrations of its jobs by live replicas that define
-        them differently."""
-        return await self._call(self._announce, definitions, removed, complete)
+        return await self._on_thread(self._announce, definitions, removed, complete)
 
     def _announce(
         self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
     ) -> list[Registration]:
-        with self._require().write() as conn:
-            return announce(conn, self.replica_id, definitions, removed, complete)
+        with self._ledger().write() as conn:
+            return announce(conn, self._replica(), definitions, removed, complete)
 
-    async def cluster_status(self) -> ClusterStatus:
-        """The jobs, pauses and replicas of the state directory (a connection of its own:
-        callable from any event loop, open or not)."""
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        return await self._on_thread(self._run_requests, jobs)
+
+    def _run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        return run_requests(self._ledger(), jobs)
+
+    async def status(self) -> ClusterStatus:
         return await asyncio.to_thread(self._with_ledger, read_cluster)
 
     async def pause(self, job: str, by: str) -> bool:
-        """Pause ``job`` for every replica of the state directory, from each one's next
-        claim; False if it was paused already."""
         return await asyncio.to_thread(self._with_ledger, set_paused, job, True, by)
 
     async def resume(self, job: str) -> bool:
-        """Resume ``job``; False if it was not paused."""
         return await asyncio.to_thread(self._with_ledger, set_paused, job, False, "")
 
     async def request_run(self, job: str, by: str) -> datetime:
-        """Ask for one manual run of ``job`` by whichever replica sees it first (see
-        :class:`~replicron.backends.base.RunRequests`)."""
         return await asyncio.to_thread(self._with_ledger, request_run, job, by)
 
-    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
-        """The manual runs asked for ``jobs`` not yet run, oldest first."""
-        return await self._call(self._run_requests, jobs)
-
-    def _run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
-        return run_requests(self._require(), jobs)
-
     async def forget(self, job: str) -> tuple[list[str], list[str]]:
-        """A job dropped from the code is expected no more: the registrations of replicas
-        that are gone go. Returns their replicas, and the live ones that still schedule it."""
         return await asyncio.to_thread(self._with_ledger, forget, job)
 
     def _with_ledger(self, work: Callable[..., _T], *args: Any) -> _T:
-        path = self.state_dir / LEDGER_NAME
+        path = self._state_dir / LEDGER_NAME
         if not path.is_file():
-            raise StateDirError(self.state_dir, "has no replicron ledger: no replica used it yet")
-        ledger = Ledger(path, self.busy_timeout)
+            raise StateDirError(self._state_dir, "has no replicron ledger: no replica used it yet")
+        ledger = Ledger(path, self._busy_timeout)
         try:
             return work(ledger, *args)
         finally:

@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from replicron.cluster import ClusterStatus, JobDefinition, Registration
 from replicron.errors import ConfigurationError, StateDirError
 from replicron.events import Outcome
 from replicron.keys import LockKeyRegistry, job_lock_key
@@ -40,13 +41,14 @@ from ._call_thread import CallThread
 from ._claims import ClaimBatch
 from ._file_locks import FileLocks
 from ._janitor import Janitor
-from ._leader_lock import LEADER_LOCK, LeaderLock, LeaderMethods
+from ._leader_lock import LEADER_LOCK, LeaderCandidate
 from ._ledger import Ledger
 from ._micros import from_micros, to_micros
 from ._processes import Claimant, process_start
-from ._sqlite_cluster import ClusterMethods, join, leave, register_replica, replica_stopped
+from ._sqlite_cluster import SqliteCluster, join, leave, register_replica, replica_stopped
 from ._state_dir import LEDGER_NAME, prepare_locks_dir, prepare_state_dir, problem_of
 from .base import Claim, ClaimRequest, ClaimStatus, Release, RunRecord
+from .leadership import Leader
 
 __all__ = ["LEDGER_NAME", "LOCKS_DIR", "EmbeddedBackend"]
 
@@ -59,13 +61,17 @@ LOCKS_DIR = "locks"
 _LOST = "claimed, but its caller was cancelled before it heard; not run"
 
 
-class EmbeddedBackend(ClusterMethods, LeaderMethods):
+class EmbeddedBackend:
     """Coordinates the processes of one host that share ``state_dir`` (created if missing).
 
     ``busy_timeout``: how long a write waits for another process's transaction (seconds).
     Finished rows older than ``retention`` are pruned, keeping each job's latest; the janitor
     (abandoning the open rows of dead processes, pruning) runs every ``janitor_interval``
     seconds, when claims are made.
+
+    Its parts: the cluster's registry, pauses and status (:class:`SqliteCluster`) and its bid
+    for the leader lease (:class:`LeaderCandidate`), both working through its thread and its
+    open ledger.
     """
 
     #: Replicas in other processes claim from this backend too: a scheduler claims at an
@@ -113,8 +119,20 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
         self._janitor = Janitor("", retention, janitor_interval)
         self._io: CallThread | None = None  # the thread every blocking call runs on
         self.leader_retry = leader_retry
-        self._leader = LeaderLock(self.state_dir / LEADER_LOCK)
-        self._leader_task = None
+        self._cluster = SqliteCluster(
+            self.state_dir,
+            busy_timeout,
+            on_thread=self._call,
+            ledger=self._require,
+            replica=lambda: self.replica_id,
+        )
+        self._candidate = LeaderCandidate(
+            self.state_dir / LEADER_LOCK,
+            leader_retry,
+            on_thread=self._call,
+            ledger=self._require,
+            replica=lambda: self.replica_id,
+        )
 
     @property
     def ledger_path(self) -> Path:
@@ -174,9 +192,7 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
             raise
 
     async def close(self) -> None:
-        if self._leader_task is not None:
-            self._leader_task.cancel()
-            self._leader_task = None
+        self._candidate.stop_seeking()
         io, self._io = self._io, None  # calls from now on are refused
         if io is not None:
             await io.end(self._close_ledger)  # behind the calls under way
@@ -213,6 +229,58 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
             raise ConfigurationError("the EmbeddedBackend is not open")
         return await self._io.call(work, *args, give_back=give_back)
 
+    # ---- ClusterRegistry, RunRequests: the cluster part ----------------------------------
+
+    async def announce(
+        self, definitions: Sequence[JobDefinition], removed: Sequence[str], complete: bool
+    ) -> list[Registration]:
+        """Write the jobs this replica schedules (as changed; with ``complete``, all of them)
+        to the registry; returns the registrations of its jobs by live replicas that define
+        them differently."""
+        return await self._cluster.announce(definitions, removed, complete)
+
+    async def cluster_status(self) -> ClusterStatus:
+        """The jobs, pauses and replicas of the state directory (a connection of its own:
+        callable from any event loop, open or not)."""
+        return await self._cluster.status()
+
+    async def pause(self, job: str, by: str) -> bool:
+        """Pause ``job`` for every replica of the state directory, from each one's next
+        claim; False if it was paused already."""
+        return await self._cluster.pause(job, by)
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``; False if it was not paused."""
+        return await self._cluster.resume(job)
+
+    async def request_run(self, job: str, by: str) -> datetime:
+        """Ask for one manual run of ``job`` by whichever replica sees it first (see
+        :class:`~replicron.backends.base.RunRequests`)."""
+        return await self._cluster.request_run(job, by)
+
+    async def run_requests(self, jobs: Sequence[str]) -> list[tuple[str, datetime]]:
+        """The manual runs asked for ``jobs`` not yet run, oldest first."""
+        return await self._cluster.run_requests(jobs)
+
+    async def forget(self, job: str) -> tuple[list[str], list[str]]:
+        """A job dropped from the code is expected no more: the registrations of replicas
+        that are gone go. Returns their replicas, and the live ones that still schedule it."""
+        return await self._cluster.forget(job)
+
+    # ---- LeaderLease: the leader part ----------------------------------------------------
+
+    def contend(self, on_change: Callable[[], None]) -> None:
+        """Take the leader lease's lock file as soon as it is free (tried every
+        ``leader_retry`` seconds) and hold it until the backend closes or its process ends."""
+        self._candidate.contend(on_change)
+
+    def leading(self) -> bool:
+        return self._candidate.leading()
+
+    @property
+    def leader(self) -> Leader | None:
+        return self._candidate.leader
+
     # ---- on the backend's thread ---------------------------------------------------------
 
     def _open_ledger(
@@ -247,7 +315,7 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
             join(conn, self.replica_id, since)
 
     def _leave(self) -> dict[str, datetime] | None:
-        self._leader.unlock()  # a standby takes over at its next try
+        self._candidate.resign()
         return None if self._ledger is None else leave(self._ledger, self.replica_id)
 
     def _close_ledger(self) -> None:
@@ -285,7 +353,7 @@ class EmbeddedBackend(ClusterMethods, LeaderMethods):
             self._open.clear()
             self._unwritten = []
             self._locks.unlock_all()
-            self._leader.unlock()
+            self._candidate.resign()
             if ledger is not None:
                 ledger.close()
 
