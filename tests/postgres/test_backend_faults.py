@@ -25,7 +25,7 @@ import pytest
 
 from replicron.backends.base import ClaimRequest, ClaimStatus, Release, RunRecord
 from replicron.events import Outcome
-from replicron.postgres import BackendUnavailableError, PostgresBackend
+from replicron.postgres import BackendUnavailableError, PostgresBackend, TransactionPoolerError
 from replicron.postgres._sql import queries
 from tests.helpers import poll_until
 from tests.postgres.test_postgres_backend import claim, record, session_pid, sql, tick
@@ -187,6 +187,31 @@ def test_outcomes_still_unwritten_at_close_are_logged_with_their_ticks(
     with caplog.at_level(logging.ERROR, "replicron"):
         asyncio.run(main())
     assert f"tick {tick(1).isoformat()}: could not record succeeded" in caplog.text
+
+
+def test_an_outcome_written_on_another_server_session_is_not_said_lost_at_close(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release that ran on another server session than the lock session's (a transaction
+    pooler) wrote its outcomes: coordination ends there, but nothing is kept to be written
+    again, and close does not report them lost."""
+
+    async def main() -> None:
+        async with opened(dsn, "replica-a", heartbeat_interval=3600) as a:
+            run = await claim(a, "cleanup", 1, lock=True)
+            assert a._session is not None
+            a._session._token = "another server session's"  # what the release will find
+            with pytest.raises(TransactionPoolerError):
+                await a.release([Release(record(run, "replica-a"), True)])
+            [(outcome,)] = sql(
+                dsn, "SELECT outcome FROM replicron_runs WHERE run_id = %s", [run.run_id]
+            )
+            assert outcome == "succeeded"
+
+    with caplog.at_level(logging.ERROR, "replicron"):
+        asyncio.run(main())
+    assert "transaction pooler" in caplog.text
+    assert "could not record" not in caplog.text
 
 
 def test_a_retried_claim_recognises_the_rows_its_first_try_inserted(dsn: str) -> None:

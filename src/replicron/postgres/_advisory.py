@@ -132,10 +132,14 @@ class AdvisoryLocks:
         )
         if not ours:  # it ran on another server session than the lock session's
             refuse_pooler(self._statements, params["replica"])
-        unrefreshed = runs.heartbeaten(run_ids, refreshed, self._statements.sent_at())
-        # A locked run whose lock is gone from pg_locks, or whose row was not refreshed.
-        lost = runs.locks.missing(signed(held), unrefreshed)
-        return Beat(db_now, peers, (leader[0], leader[1]), None, lost)
+        present = signed(held)
+
+        def lost(unrefreshed: set[int]) -> list[int]:
+            # A locked run whose lock is gone from pg_locks, or whose row was not refreshed.
+            return runs.locks.missing(present, unrefreshed)
+
+        sent_at = self._statements.sent_at()
+        return Beat(db_now, peers, (leader[0], leader[1]), None, refreshed, sent_at, lost)
 
     async def abandon_stale(self, stale_after: timedelta) -> list[Any]:
         return await self._statements.fetch("abandon_stale", retry=True, stale_after=stale_after)

@@ -11,8 +11,8 @@ rule and the SQL and session that carry it:
 * row lease (``_row_lease.RowLeases``): the lock is a row of ``replicron_job_locks``, live
   while its ``lease_until`` is ahead of the server's now.
 
-``PostgresBackend`` picks one of them (``backend.py:_coordination_for``); nothing else asks
-which mode it is in.
+``PostgresBackend`` picks one of them (``backend.py:_coordination_for``); outside the
+implementations nothing else branches on the mode.
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ class Beat:
     leader: tuple[str | None, int | None]
     #: The server answering, where the mode reads it with every heartbeat.
     server: ServerIdentity | None
-    #: The held runs that must stop: the heartbeat could not prove their locks (or rows)
-    #: still theirs.
-    lost: list[int]
+    #: The open runs whose rows it refreshed, and when it was sent (monotonic).
+    refreshed: Sequence[int]
+    sent_at: float
+    #: Given the open runs it did not refresh, the held runs that must stop: the heartbeat
+    #: could not prove their locks (or rows) still theirs.
+    lost: Callable[[set[int]], list[int]]
 
 
 class Coordination(Protocol):
@@ -117,8 +120,7 @@ class Coordination(Protocol):
         ...
 
     async def heartbeat(self, runs: HeldRuns, run_ids: Sequence[int], **params: Any) -> Beat:
-        """Refresh the rows ``run_ids`` of ``runs`` (renewing the run deadlines of those
-        refreshed) and whatever else the mode renews; say which runs are lost."""
+        """Refresh the rows ``run_ids`` of ``runs`` and whatever else the mode renews."""
         ...
 
     async def abandon_stale(self, stale_after: timedelta) -> list[Any]:

@@ -238,9 +238,10 @@ class Housekeeper:
         """One heartbeat statement of the mode's; then the runs it could not prove live stop."""
         offset = self._offsets.current
         contending, before = self._contending(), time.monotonic()
+        sent = self.runs.to_heartbeat()
         beat = await self.coordination.heartbeat(
             self.runs,
-            self.runs.to_heartbeat(),
+            sent,
             replica=self.replica_id,
             offset_ms=None if offset is None else offset.total_seconds() * 1000,
             stale_after=self._stale_after,
@@ -259,9 +260,11 @@ class Housekeeper:
                 assert session is not None
                 await self.server.restore(session.fetch)
                 return
-        if beat.lost:
-            self.runs.locks.forget(beat.lost)
-            self._lose(beat.lost)
+        unrefreshed = self.runs.heartbeaten(sent, beat.refreshed, beat.sent_at)
+        lost = beat.lost(unrefreshed)
+        if lost:
+            self.runs.locks.forget(lost)
+            self._lose(lost)
 
     # ---- the clock offset ----------------------------------------------------------------
 

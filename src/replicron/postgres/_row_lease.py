@@ -185,14 +185,19 @@ class RowLeases:
             locked_runs=locked,
             **params,
         )
-        unrefreshed = runs.heartbeaten(run_ids, refreshed, self._statements.sent_at())
-        # Only locks still held now: a release may have run between a failed first try of
-        # this heartbeat and its retry.
-        held = set(runs.locks.runs())
-        lost = sorted(((set(locked) - set(relocked)) | (unrefreshed & set(locked))) & held)
-        lost += sorted(unrefreshed - set(lost))
+
+        def lost(unrefreshed: set[int]) -> list[int]:
+            # Only locks still held now: a release may have run between a failed first try
+            # of this heartbeat and its retry.
+            held = set(runs.locks.runs())
+            ended = set(locked) - set(relocked)
+            lost = sorted((ended | (unrefreshed & set(locked))) & held)
+            return lost + sorted(unrefreshed - set(lost))
+
+        sent_at = self._statements.sent_at()
         # Connections of a pool are not checked as they open: the heartbeat reads the server.
-        return Beat(db_now, peers, (holder, epoch), ServerIdentity(*server), lost)
+        server_identity = ServerIdentity(*server)
+        return Beat(db_now, peers, (holder, epoch), server_identity, refreshed, sent_at, lost)
 
     async def abandon_stale(self, stale_after: timedelta) -> list[Any]:
         return await self._statements.fetch(

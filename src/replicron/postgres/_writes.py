@@ -19,7 +19,7 @@ from replicron.backends.base import (
 from ._claims import CLAIM_AHEAD
 from ._coordination import Coordination
 from ._housekeeping import Housekeeper
-from ._session import BackendUnavailableError
+from ._session import BackendUnavailableError, TransactionPoolerError
 from ._statements import Statements
 from ._tokens import ClaimTokens
 
@@ -181,6 +181,13 @@ class OutcomeWrites:
                 generation,
                 self.replica_id,
             )
+        except TransactionPoolerError:
+            # The statement ran, on another server session: the outcomes are written, there
+            # is nothing to keep, and nothing is coordinated through this backend any more.
+            for record in records:
+                if record.run_id is not None:
+                    epochs.pop(record.run_id, None)
+            raise
         except BaseException:  # nothing known written: every outcome of the batch is kept
             # The statement was rolled back: the locks it was to unlock are held still if
             # they outlive what happened to the session meanwhile (lock rows always do).
