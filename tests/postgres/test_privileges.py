@@ -42,6 +42,7 @@ def runtime_dsn(dsn: str) -> Iterator[str]:
                 f"REVOKE EXECUTE ON FUNCTION replicron_runs_reached({signature}) FROM PUBLIC"
             )
         owner.execute("REVOKE EXECUTE ON FUNCTION replicron_lead(text, text, interval) FROM PUBLIC")
+        owner.execute("REVOKE EXECUTE ON FUNCTION replicron_advisory_locks() FROM PUBLIC")
         for grant in documented_grants():
             owner.execute(grant.replace(" TO app;", f" TO {role}"))
     try:

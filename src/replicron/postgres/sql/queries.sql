@@ -131,10 +131,8 @@ LEFT JOIN LATERAL (
 ) AS blocker ON true
 LEFT JOIN LATERAL (
     SELECT l.pid
-    FROM pg_locks l
-    WHERE decided.status = 'locked' AND l.locktype = 'advisory' AND l.granted
-      AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = decided.lock_key
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    FROM replicron_advisory_locks() l
+    WHERE decided.status = 'locked' AND l.lock_key = decided.lock_key
     LIMIT 1
 ) AS holder ON true
 ORDER BY decided.n;
@@ -372,11 +370,8 @@ SELECT run.replica_id, 'advisory' FROM replicron_runs run
 WHERE %(coordination)s = 'lease' AND run.namespace = %(namespace)s AND run.outcome IS NULL
   AND run.lease_until IS NULL AND run.replica_id <> %(replica)s
   AND EXISTS (
-      SELECT 1 FROM pg_locks l
-      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-        AND l.pid = run.backend_pid
-        AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      SELECT 1 FROM replicron_advisory_locks() l
+      WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key
   )
 UNION
 SELECT run.replica_id, 'lease' FROM replicron_runs run
@@ -423,9 +418,8 @@ SELECT (pg_backend_pid() = %(pid)s
         AND current_setting('replicron.session_token', true) = %(session_token)s) AS ours,
        clock_timestamp(),
        ARRAY(SELECT run_id FROM refreshed) AS refreshed,
-       ARRAY(SELECT (classid::bigint << 32) | objid::bigint
-             FROM pg_locks
-             WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1) AS held,
+       ARRAY(SELECT lock_key FROM replicron_advisory_locks()
+             WHERE pid = pg_backend_pid()) AS held,
        ARRAY(SELECT replica_id FROM replicron_replicas
              WHERE namespace = %(namespace)s AND stopped_at IS NULL
                AND last_seen > now() - coalesce(stale_after, %(stale_after)s::interval))
@@ -481,11 +475,8 @@ SET outcome = 'abandoned',
 WHERE namespace = %(namespace)s AND outcome IS NULL
   AND coalesce(heartbeat_at, claimed_at) < now() - %(stale_after)s::interval
   AND NOT EXISTS (
-      SELECT 1 FROM pg_locks l
-      WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-        AND l.pid = run.backend_pid
-        AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      SELECT 1 FROM replicron_advisory_locks() l
+      WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key
   )
 RETURNING job, scheduled_at, replica_id;
 
@@ -495,10 +486,7 @@ RETURNING job, scheduled_at, replica_id;
 -- a second for it to exit.
 SELECT run.replica_id, l.pid, pg_terminate_backend(l.pid, 1000)
 FROM replicron_runs run
-JOIN pg_locks l
-    ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = run.backend_pid
-   AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+JOIN replicron_advisory_locks() l ON l.pid = run.backend_pid AND l.lock_key = run.lock_key
 WHERE run.namespace = %(namespace)s AND run.job = %(job)s AND run.outcome IS NULL
   AND run.heartbeat_at <= now() - %(stale_after)s::interval
   AND l.pid <> pg_backend_pid()
@@ -574,12 +562,8 @@ SELECT jobs.job, last.replica_id, last.scheduled_at, last.started_at, last.finis
                         AND run.outcome IS NULL AND run.started_at IS NOT NULL
                         AND run.heartbeat_at <= now() - %(stale_after)s::interval
                         AND EXISTS (  -- its session lives (a dead one's is waiting to go)
-                            SELECT 1 FROM pg_locks l
-                            WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                              AND l.pid = run.backend_pid
-                              AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-                              AND l.database = (SELECT oid FROM pg_database
-                                                WHERE datname = current_database()))
+                            SELECT 1 FROM replicron_advisory_locks() l
+                            WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)
                       ORDER BY run.run_id), '{}') AS stale_running,
        greatest(
            (SELECT run.scheduled_at FROM replicron_runs run

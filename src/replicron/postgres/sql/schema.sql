@@ -85,6 +85,20 @@ CREATE TABLE replicron_pruned_runs (
     PRIMARY KEY (namespace, job)
 );
 
+-- The session advisory locks granted in this database in the jobs' key space (one bigint key:
+-- objsubid 1), each with the server session (pid) that holds it: a run's job lock is held
+-- while its row's (backend_pid, lock_key) is among them. Every statement and function that
+-- asks about the jobs' locks reads them here. One SELECT with no parameters, STABLE: the
+-- planner inlines it where it is read, so testing many rows is one semi-join (or anti-join)
+-- on the server's lock view, not a call per row.
+CREATE FUNCTION replicron_advisory_locks()
+RETURNS TABLE (pid integer, lock_key bigint) LANGUAGE sql STABLE AS $$
+    SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
+$$;
+
 -- Whether a job has started p_limit scheduled runs, for the claim of a job with max_runs:
 -- its rows recorded as run (succeeded, failed, timed_out, abandoned), the pruned ones
 -- (replicron_pruned_runs), and its open rows that are runs: claimed without the lock, or
@@ -111,12 +125,8 @@ CREATE FUNCTION replicron_runs_reached(
            OR run.outcome IS NULL AND (
                run.started_at IS NULL
                OR EXISTS (
-                   SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                     AND l.pid = run.backend_pid
-                     AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-                     AND l.database = (SELECT oid FROM pg_database
-                                       WHERE datname = current_database()))));
+                   SELECT 1 FROM replicron_advisory_locks() l
+                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)));
 $$;
 
 -- One row per replica: seen by its heartbeats, with its clock's offset from the database's.
@@ -234,12 +244,8 @@ CREATE FUNCTION replicron_runs_reached(
                    WHERE held.namespace = run.namespace AND held.job = run.job
                      AND held.run_id = run.run_id)
                OR NOT p_leased AND EXISTS (
-                   SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-                     AND l.pid = run.backend_pid
-                     AND ((l.classid::bigint << 32) | l.objid::bigint) = run.lock_key
-                     AND l.database = (SELECT oid FROM pg_database
-                                       WHERE datname = current_database()))));
+                   SELECT 1 FROM replicron_advisory_locks() l
+                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)));
 $$;
 
 -- Manual runs asked for across the cluster (replicron run-now): each replica that schedules
@@ -262,6 +268,7 @@ INSERT INTO replicron_migrations (version, name) VALUES
     (5, 'row_leases'),
     (6, 'leader_lease'),
     (7, 'run_requests'),
-    (8, 'missed_ranges');
+    (8, 'missed_ranges'),
+    (9, 'advisory_locks');
 
 COMMIT;
