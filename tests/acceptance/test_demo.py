@@ -94,7 +94,10 @@ def test_demo_on_postgresql(tmp_path: Path, dsn: str) -> None:
     assert left_behind(tmp_path) == []
     with psycopg.connect(dsn, autocommit=True) as conn:
         sessions = replica_sessions(conn)
-        locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+        locks = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchone()
         namespaces = conn.execute(
             "SELECT count(DISTINCT namespace) FROM replicron_runs WHERE namespace LIKE 'demo-%'"
         ).fetchone()

@@ -10,8 +10,11 @@ import pytest
 from replicron.postgres import BackendUnavailableError, UntrustedAdvisoryLocksError
 from replicron.postgres._probe import PsycopgProbeSession, check_advisory_locks, open_probe_session
 
-#: Advisory locks of the two-int key space (the probe's), on any session.
-TWO_INT_LOCKS = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+#: Advisory locks of the two-int key space (the probe's), on any session of this database.
+TWO_INT_LOCKS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 def two_int_locks(dsn: str) -> int:

@@ -75,7 +75,11 @@ def test_a_claim_holds_a_lease_on_the_database_clock_and_no_advisory_lock(dsn: s
             )
             assert 7190 < lease_left <= 7200
             assert lock_row(dsn, "report") == (won.run_id, "a", 1)
-            assert sql(dsn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == [(0,)]
+            assert sql(
+                dsn,
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())",
+            ) == [(0,)]
             await release(a, record(won, "a"), unlock=True)
             assert row(dsn, won.run_id) == ("succeeded", 0, False)
             assert lock_row(dsn, "report") == (None, None, 1)

@@ -227,7 +227,6 @@ class OutcomeWrites:
                 limits=[None if r.manual else r.max_runs for r in unique],
                 replica=self.replica_id,
                 ahead=CLAIM_AHEAD,
-                leased=self._coordination.name == "lease",  # how a started run's lock is held
             )
         found = {(job, tick.astimezone(UTC)): what for job, tick, what in rows}
         # Per tick: "recorded", "early" (not yet due by the database's clock, ask again), or

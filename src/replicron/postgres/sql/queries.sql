@@ -234,8 +234,7 @@ WITH request AS MATERIALIZED (
         GROUP BY job
         ORDER BY job  -- the same order as the claims': their locks cannot deadlock
     ) AS jobs
-    WHERE replicron_runs_reached(%(namespace)s, jobs.job, jobs.max_runs, %(tokens)s::uuid[],
-                                 %(leased)s)
+    WHERE replicron_runs_reached(%(namespace)s, jobs.job, jobs.max_runs, %(tokens)s::uuid[])
 ), due AS MATERIALIZED (
     SELECT request.* FROM request, session
     WHERE scheduled_at <= session.recordable_until

@@ -99,36 +99,6 @@ RETURNS TABLE (pid integer, lock_key bigint) LANGUAGE sql STABLE AS $$
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
 $$;
 
--- Whether a job has started p_limit scheduled runs, for the claim of a job with max_runs:
--- its rows recorded as run (succeeded, failed, timed_out, abandoned), the pruned ones
--- (replicron_pruned_runs), and its open rows that are runs: claimed without the lock, or
--- whose server session holds the job's lock. An open row refused the lock (recorded
--- skipped_overlap by its claimant at once), or whose claim's answer was lost with its session,
--- is not counted, nor are the rows of the caller's own tries whose answers were lost (p_mine:
--- their claim tokens; nothing ran them); manual runs are not. Claims of one job count one
--- after another: a
--- transaction-level advisory lock (two-key space, apart from the jobs' run locks), held until
--- the claim commits. VOLATILE, so the count reads a snapshot taken after that lock: it sees
--- the rows of a claim that committed while this one waited.
-CREATE FUNCTION replicron_runs_reached(
-    p_namespace text, p_job text, p_limit integer, p_mine uuid[]
-) RETURNS boolean LANGUAGE sql VOLATILE AS $$
-    SELECT pg_advisory_xact_lock(hashtext('replicron_runs_reached'),
-                                 hashtext(p_namespace || '/' || p_job));
-    SELECT coalesce((SELECT pruned.runs FROM replicron_pruned_runs pruned
-                     WHERE pruned.namespace = p_namespace AND pruned.job = p_job), 0)
-           + count(*) >= p_limit
-    FROM replicron_runs run
-    WHERE run.namespace = p_namespace AND run.job = p_job AND NOT run.manual
-      AND NOT coalesce(run.claim_token = ANY(p_mine), false)
-      AND (run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')
-           OR run.outcome IS NULL AND (
-               run.started_at IS NULL
-               OR EXISTS (
-                   SELECT 1 FROM replicron_advisory_locks() l
-                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)));
-$$;
-
 -- One row per replica: seen by its heartbeats, with its clock's offset from the database's.
 CREATE TABLE replicron_replicas (
     namespace       text        NOT NULL,
@@ -222,9 +192,45 @@ RETURNS TABLE (holder text, epoch bigint) LANGUAGE sql VOLATILE AS $$
     WHERE current.namespace = p_namespace;
 $$;
 
--- replicron_runs_reached for either mode: with p_leased an open row started under the lock
--- counts while replicron_job_locks names it, not while a server session holds the advisory
--- lock. (The four-argument form stays for replicas not yet upgraded.)
+-- Whether a job has started p_limit scheduled runs, for the claim of a job with max_runs:
+-- its rows recorded as run (succeeded, failed, timed_out, abandoned), the pruned ones
+-- (replicron_pruned_runs), and its open rows that are runs: claimed without the lock, or
+-- whose job's lock is theirs (its server session holds the advisory lock, or the job's lock
+-- row names the run: a namespace has one mode at a time, and each mode leaves the other's
+-- evidence empty, so the caller need not say its mode). An open row refused the lock (recorded
+-- skipped_overlap by its claimant at once), or whose claim's answer was lost with its session,
+-- is not counted, nor are the rows of the caller's own tries whose answers were lost (p_mine:
+-- their claim tokens; nothing ran them); manual runs are not. Claims of one job count one
+-- after another: a
+-- transaction-level advisory lock (two-key space, apart from the jobs' run locks), held until
+-- the claim commits. VOLATILE, so the count reads a snapshot taken after that lock: it sees
+-- the rows of a claim that committed while this one waited.
+CREATE FUNCTION replicron_runs_reached(
+    p_namespace text, p_job text, p_limit integer, p_mine uuid[]
+) RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtext('replicron_runs_reached'),
+                                 hashtext(p_namespace || '/' || p_job));
+    SELECT coalesce((SELECT pruned.runs FROM replicron_pruned_runs pruned
+                     WHERE pruned.namespace = p_namespace AND pruned.job = p_job), 0)
+           + count(*) >= p_limit
+    FROM replicron_runs run
+    WHERE run.namespace = p_namespace AND run.job = p_job AND NOT run.manual
+      AND NOT coalesce(run.claim_token = ANY(p_mine), false)
+      AND (run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')
+           OR run.outcome IS NULL AND (
+               run.started_at IS NULL
+               OR EXISTS (
+                   SELECT 1 FROM replicron_advisory_locks() l
+                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)
+               OR EXISTS (
+                   SELECT 1 FROM replicron_job_locks held
+                   WHERE held.namespace = run.namespace AND held.job = run.job
+                     AND held.run_id = run.run_id)));
+$$;
+
+-- replicron_runs_reached with the caller's mode: with p_leased an open row started under the
+-- lock counts while replicron_job_locks names it, not while a server session holds the
+-- advisory lock. (Kept for replicas of before migration 0009, which pass their mode.)
 CREATE FUNCTION replicron_runs_reached(
     p_namespace text, p_job text, p_limit integer, p_mine uuid[], p_leased boolean
 ) RETURNS boolean LANGUAGE sql VOLATILE AS $$

@@ -12,8 +12,13 @@ RETURNS TABLE (pid integer, lock_key bigint) LANGUAGE sql STABLE AS $$
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
 $$;
 
--- replicron_runs_reached, both forms, testing a run's lock with replicron_advisory_locks: the
--- same answers, the same signatures (replicas not yet upgraded call them).
+-- replicron_runs_reached, both forms, testing a run's lock with replicron_advisory_locks (the
+-- same signatures: replicas not yet upgraded call them). The four-argument form applies both
+-- liveness rules, so a caller need not say its mode: a started open row counts while its
+-- server session holds its advisory lock or while its job's lock row names it. A namespace
+-- has one mode at a time, and each mode leaves the other's evidence empty (row-lease rows
+-- have no backend_pid or lock_key; advisory replicas write no lock rows), so it answers as
+-- the five-argument form does for the caller's mode.
 CREATE OR REPLACE FUNCTION replicron_runs_reached(
     p_namespace text, p_job text, p_limit integer, p_mine uuid[]
 ) RETURNS boolean LANGUAGE sql VOLATILE AS $$
@@ -30,7 +35,11 @@ CREATE OR REPLACE FUNCTION replicron_runs_reached(
                run.started_at IS NULL
                OR EXISTS (
                    SELECT 1 FROM replicron_advisory_locks() l
-                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)));
+                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)
+               OR EXISTS (
+                   SELECT 1 FROM replicron_job_locks held
+                   WHERE held.namespace = run.namespace AND held.job = run.job
+                     AND held.run_id = run.run_id)));
 $$;
 
 CREATE OR REPLACE FUNCTION replicron_runs_reached(
