@@ -5,26 +5,14 @@
 -- succeeds only when it is free or its lease ran out. Each statement is its own transaction and
 -- none depends on the server session it runs on: any pooler may sit in between.
 
--- name: lease_unclaimed
--- Which of these ticks still have no row (by position, from 1): the only ones worth trying for
--- a replica that is not their first, once their instant has come.
-SELECT r.n
-FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[]) WITH ORDINALITY AS r(job, scheduled_at, n)
-WHERE NOT EXISTS (
-    SELECT 1 FROM replicron_runs run
-    WHERE run.namespace = %(namespace)s AND run.job = r.job AND run.scheduled_at = r.scheduled_at
-) AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
-    SELECT 1 FROM replicron_runs missed
-    WHERE missed.namespace = %(namespace)s AND missed.job = r.job
-      AND missed.scheduled_through >= r.scheduled_at AND missed.scheduled_at < r.scheduled_at
-)
-ORDER BY r.n;
-
 -- name: lease_claim
 -- Claim a batch of ticks in one round trip, as "claim" does in advisory mode: insert each tick's
 -- row unless any replica has it (or recognise the rows an earlier try of this claim inserted,
 -- its answer lost: same claim token; one a janitor wrote off meanwhile is opened again in a new
--- epoch), with a lease of stale_after on the database's clock; then, for the first tick of each
+-- epoch), with a lease of stale_after on the database's clock. A tick whose row is already
+-- there when the statement starts (among peers, most ticks of an instant: their first replica
+-- claimed them ahead) is not tried at all: no insert, no run id drawn, no wait on the unique
+-- key; only a row committed meanwhile makes an insert conflict. Then, for the first tick of each
 -- job in the batch that asked for the lock, take the job's lock row if it is free or its lease
 -- ran out (a new epoch of the lock). Nothing before it is due by the database's clock (within
 -- the claim-ahead margin; a manual run is due when asked for), nothing of a job that has started
@@ -67,6 +55,10 @@ WITH request AS MATERIALIZED (
     WHERE (request.manual OR request.scheduled_at <= clock.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
+      AND NOT EXISTS (  -- the tick's row (this claim's own earlier try is "earlier"'s)
+               SELECT 1 FROM replicron_runs had
+               WHERE had.namespace = %(namespace)s AND had.job = request.job
+                 AND had.scheduled_at = request.scheduled_at)
       AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
                SELECT 1 FROM replicron_runs missed
                WHERE missed.namespace = %(namespace)s AND missed.job = request.job
