@@ -1,7 +1,8 @@
 """Starting in a herd: the first session has one start deadline, ``connect_timeout``, for
-connecting, its settings and the check of which server it reached. A try that gets no answer
-in time (a hundred replicas starting at once on a small server) is made again within it;
-past it, start-up fails with the last try's one line.
+connecting, its settings and the check of which server it reached, and the steps of start-up
+after it (migrating, the first clock samples and heartbeat) are held to it too. A try that
+gets no answer in time (a hundred replicas starting at once on a small server) is made again
+within it; past it, start-up fails with the last try's one line.
 
 The slow server is a statement of the check that waits for a lock this test holds: it gets
 no answer until its deadline ends the wait, whatever the machine's speed.
@@ -19,6 +20,8 @@ import pytest
 
 from replicron.postgres import BackendUnavailableError, PostgresBackend
 from replicron.postgres._failover import ServerWatch
+from replicron.postgres._session import LockSession
+from replicron.postgres._sql import queries
 
 KEY = 7_340_211
 COORDINATIONS = ["advisory", "lease"]
@@ -73,6 +76,35 @@ def test_a_server_check_without_an_answer_is_tried_again_within_the_start_deadli
 
     asyncio.run(main())
     assert checks[:2] == [True, False]  # the first got no answer in 1 s; the second did
+
+
+@pytest.mark.parametrize("coordination", COORDINATIONS)
+def test_a_first_clock_sample_without_an_answer_is_tried_again_within_the_start_deadline(
+    dsn: str, held: None, monkeypatch: pytest.MonkeyPatch, coordination: Any
+) -> None:
+    """Past the session's opening: the first of start-up's clock samples gets no answer (it
+    waits for the test's lock instead); start-up samples again and starts."""
+    real = LockSession.fetch
+    samples: list[bool] = []
+
+    async def fetch(
+        self: LockSession, query: str, params: Any, *, retry: bool = False
+    ) -> list[tuple[Any, ...]]:
+        if query == queries()["clock_sample"]:
+            samples.append(not samples)
+            if samples[-1]:
+                query, params = "SELECT pg_advisory_lock(%(key)s)", {"key": KEY}
+        return await real(self, query, params, retry=retry)
+
+    monkeypatch.setattr(LockSession, "fetch", fetch)
+
+    async def main() -> None:
+        started = backend(dsn, coordination, connect_timeout=10)
+        await started.open("r1")
+        await started.close()
+
+    asyncio.run(main())
+    assert samples[:2] == [True, False]
 
 
 @pytest.mark.parametrize("coordination", COORDINATIONS)

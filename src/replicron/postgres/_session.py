@@ -134,6 +134,8 @@ class LockSession:
         self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
         #: While the first session is being opened: when (monotonic) start-up gives up.
         self._start_until = math.inf
+        #: The start deadline (monotonic), from the first :meth:`connect` on; None before.
+        self.start_deadline: float | None = None
         #: Run on every new connection before anything else, with a way to run statements on
         #: it (the backend checks which server it reached: see ``_failover``).
         self.on_connect: Callable[[Runner], Awaitable[None]] | None = None
@@ -149,26 +151,37 @@ class LockSession:
         fails for want of an answer (a server slowed by a hundred replicas starting at once,
         one still starting, one refusing connections for a moment) is made again after a
         short pause while enough of that deadline is left; past it, the last try's failure
-        is raised. A refusal (a transaction pooler) is never tried again."""
+        is raised. A refusal (a transaction pooler) is never tried again. The rest of
+        start-up may be tried again by the same deadline (:meth:`starting`)."""
         async with self._serial:
             if self.generation > 0:
                 await self._connect_locked()
                 return
-            self._start_until = until = time.monotonic() + self.connect_timeout
+            self.start_deadline = self._start_until = time.monotonic() + self.connect_timeout
             try:
-                while True:
-                    try:
-                        await self._connect_locked()
-                        return
-                    except BackendUnavailableError as exc:
-                        pause = random.uniform(0.0, START_PAUSE)
-                        left = until - time.monotonic() - pause
-                        if left < START_LEAST_TRY:
-                            raise
-                        logger.info("starting: %s; trying again (%.1f s left)", exc, left)
-                        await asyncio.sleep(pause)
+                await self._until_started(self._connect_locked)
             finally:
                 self._start_until = math.inf
+
+    async def starting(self, step: Callable[[], Awaitable[T]]) -> T:
+        """A step of start-up once the session is open (migrating, the first clock samples
+        and heartbeat): as the session's opening, tried again after a short pause when it
+        fails for want of an answer, while the start deadline that :meth:`connect` set
+        leaves enough time."""
+        return await self._until_started(step)
+
+    async def _until_started(self, step: Callable[[], Awaitable[T]]) -> T:
+        until = self.start_deadline
+        while True:
+            try:
+                return await step()
+            except BackendUnavailableError as exc:
+                pause = random.uniform(0.0, START_PAUSE)
+                left = -math.inf if until is None else until - time.monotonic() - pause
+                if left < START_LEAST_TRY:
+                    raise
+                logger.info("starting: %s; trying again (%.1f s left)", exc, left)
+                await asyncio.sleep(pause)
 
     async def _connect_locked(self) -> None:
         if self._invalid:

@@ -284,9 +284,9 @@ class PostgresBackend(OutcomeWrites, LeasedClaims, ClusterMethods):
             except BaseException:
                 await session.close()
                 raise
-        if self.migrate:
-            await migrate_session(session)
-        await self._housekeeper.start()
+        if self.migrate:  # these steps too are tried again by the start deadline
+            await session.starting(lambda: migrate_session(session))
+        await session.starting(self._housekeeper.start)
         # After the first heartbeat, which says this replica's mode: of two replicas of
         # different modes starting at once, each sees the other.
         await self._refuse_mixed_modes()
