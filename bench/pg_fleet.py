@@ -20,12 +20,13 @@ Measured: statements per second by kind and the ticks they carried (``pg_stat_st
 ticks claimed, ticks asked for that another replica had (the claims' rows beyond the ticks
 won, and the replicas' ``on_taken`` events), conflicting tries (inserts that found the tick's
 row there: run ids drawn from the ledger's sequence in the window less the rows that have
-them), round trips per tick won (statements, less lease mode's bounds pipelined with each),
-rows written, WAL (``pg_stat_wal``), connections per
-replica (``pg_stat_activity``, sampled), advisory locks held at the peak of each burst
-(``pg_locks``, sampled every few ms around the instants), start lateness (the task's first
-``time.time()`` minus its tick), each replica's share of the runs (the ledger), CPU of the
-server, the replicas and everything else. Prints the table, measured next to the model.
+them; a statement that drew ids and was then rolled back, past its deadline, counts too: see
+the lock errors), round trips per tick won (statements, less lease mode's bounds pipelined
+with each), rows written, WAL (``pg_stat_wal``), connections per replica
+(``pg_stat_activity``, sampled), advisory locks held at the peak of each burst (``pg_locks``,
+sampled every few ms around the instants), start lateness (the task's first ``time.time()``
+minus its tick), each replica's share of the runs (the ledger), CPU of the server, the
+replicas and everything else. Prints the table, measured next to the model.
 """
 
 from __future__ import annotations
@@ -353,8 +354,9 @@ def render(m: Measured, args: argparse.Namespace) -> str:
     row("ticks asked/s (claim rows)", claims[1], "tries_per_s")
     row("taken ticks asked per tick (claim rows)", claims[1] / won - 1, "conflicts_per_tick", 2)
     row("  ticks answered taken per tick (on_taken)", m.taken / m.ticks, "conflicts_per_tick", 2)
-    # An insert tried and refused by the unique key. In lease mode a claim passes over a tick
-    # whose row is there already: asked and answered taken, never tried.
+    # An insert tried and refused by the unique key (or rolled back with its statement: lock
+    # errors). In lease mode a claim passes over a tick whose row is there already: asked
+    # and answered taken, never tried.
     row("conflicting tries per tick (run ids drawn)", m.conflicting_tries / m.ticks, None, 2)
     # Lease mode's bounds (set_config) go pipelined with each statement: no round trip.
     trips = sum(n for name, (n, _, _) in s.items() if not name.startswith("SELECT set_config"))
