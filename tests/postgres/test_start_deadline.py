@@ -1,8 +1,8 @@
 """Starting in a herd: the first session has one start deadline, ``connect_timeout``, for
 connecting, its settings and the check of which server it reached, and the steps of start-up
-after it (migrating, the first clock samples and heartbeat) are held to it too. A try that
-gets no answer in time (a hundred replicas starting at once on a small server) is made again
-within it; past it, start-up fails with the last try's one line.
+after it (migrating, the first clock samples and heartbeat) are tried again by it too. A try
+that gets no answer in time (a hundred replicas starting at once on a small server) is made
+again within it; past it, start-up fails with the last try's one line.
 
 The slow server is a statement of the check that waits for a lock this test holds: it gets
 no answer until its deadline ends the wait, whatever the machine's speed.
