@@ -17,12 +17,16 @@ a warm-up, a window of ``--bursts`` whole periods is measured; it opens and clos
 second before an instant, so it holds whole bursts.
 
 Measured: statements per second by kind and the ticks they carried (``pg_stat_statements``),
-ticks claimed, tries of ticks another replica had (the claims' rows beyond the ticks won, and
-the replicas' ``on_taken`` events), rows written, WAL (``pg_stat_wal``), connections per
-replica (``pg_stat_activity``, sampled), advisory locks held at the peak of each burst
-(``pg_locks``, sampled every few ms around the instants), start lateness (the task's first
-``time.time()`` minus its tick), each replica's share of the runs (the ledger), CPU of the
-server, the replicas and everything else. Prints the table, measured next to the model.
+ticks claimed, ticks asked for that another replica had (the claims' rows beyond the ticks
+won, and the replicas' ``on_taken`` events), conflicting tries (inserts that found the tick's
+row there: run ids drawn from the ledger's sequence in the window less the rows that have
+them; a statement that drew ids and was then rolled back, past its deadline, counts too: see
+the lock errors), round trips per tick won (statements, less lease mode's bounds pipelined
+with each), rows written, WAL (``pg_stat_wal``), connections per replica
+(``pg_stat_activity``, sampled), advisory locks held at the peak of each burst (``pg_locks``,
+sampled every few ms around the instants), start lateness (the task's first ``time.time()``
+minus its tick), each replica's share of the runs (the ledger), CPU of the server, the
+replicas and everything else. Prints the table, measured next to the model.
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ class Measured:
     lock_errors: int = 0
     cpu: dict[str, float] = field(default_factory=dict)  # cores
     session_pids: list[int] = field(default_factory=list)  # the replicas' server processes
+    #: The ledger's run id sequence as the window opened and closed: every insert tried,
+    #: won or not, draws one.
+    run_ids: tuple[int, int] = (0, 0)
+    conflicting_tries: int = 0  # run ids drawn in the window that no row has
     server_connections: int = 0  # to the fleet's database, the most at once
 
 
@@ -113,6 +121,15 @@ def wal(conn: Conn) -> tuple[int, int, float]:
     stat = Path(f"/proc/{conn.info.backend_pid}/schedstat")
     monitor = int(stat.read_text().split()[0]) / 1e9 if stat.exists() else 0.0
     return int(row[0]), int(row[1]), monitor
+
+
+def run_ids_drawn(url: str) -> int:
+    """The last run id drawn from the ledger's sequence (0 before the first)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM replicron_runs_run_id_seq"
+        ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def advisory_locks(conn: Conn) -> int:
@@ -210,6 +227,12 @@ def analyse(m: Measured, outputs: list[dict[str, Any]], url: str, first: int, en
             " AND scheduled_at >= to_timestamp(%s) AND scheduled_at < to_timestamp(%s)",
             [first, end],
         ).fetchall()
+        first_id, last_id = m.run_ids
+        row = conn.execute(
+            "SELECT count(*) FROM replicron_runs WHERE run_id > %s AND run_id <= %s",
+            [first_id, last_id],
+        ).fetchone()
+        m.conflicting_tries = last_id - first_id - (int(row[0]) if row else 0)
     m.ledger_rows = len(rows)
     m.outcomes = Counter(str(outcome) for _, outcome, _ in rows)
     ran = Counter(str(replica) for replica, outcome, _ in rows if outcome == "succeeded")
@@ -265,9 +288,11 @@ def run(server: Server, args: argparse.Namespace, rundir: Path) -> Measured:
         with server.connect(server.monitor_db) as conn:
             sleep_until(first - 0.5)
             pids = [replica.proc.pid for replica in replicas]
+            drawn = run_ids_drawn(url)
             before, wal0 = snapshot(server, conn, db, pids), wal(conn)
             watch(conn, db, first, end, period, m)
             after, wal1 = snapshot(server, conn, db, pids), wal(conn)
+            m.run_ids = (drawn, run_ids_drawn(url))
         account(m, server, before, after, wal0, wal1)
         sleep_until(end + 2.0)  # late runs of the measured ticks
         for replica in replicas:
@@ -326,13 +351,20 @@ def render(m: Measured, args: argparse.Namespace) -> str:
     row("release statements/s", named("release")[0], "release_statements_per_s")
     row("heartbeats/s", named("heartbeat")[0], "heartbeats_per_s", 2)
     row("ticks claimed/s (runs)", won, "claims_per_s")
-    row("tick tries/s (claim rows)", claims[1], "tries_per_s")
-    row("tries of taken ticks per tick (claim rows)", claims[1] / won - 1, "conflicts_per_tick", 2)
-    # In lease mode a tick another replica has is mostly read, not tried: taken, not a try.
+    row("ticks asked/s (claim rows)", claims[1], "tries_per_s")
+    row("taken ticks asked per tick (claim rows)", claims[1] / won - 1, "conflicts_per_tick", 2)
     row("  ticks answered taken per tick (on_taken)", m.taken / m.ticks, "conflicts_per_tick", 2)
-    if prefix:
-        unclaimed = s.get("lease_unclaimed", (0.0, 0.0, 0.0))
-        row("reads of ticks without a row/s", unclaimed[0], None, 2)
+    # An insert tried and refused by the unique key (or rolled back with its statement: lock
+    # errors). In lease mode a claim passes over a tick whose row is there already: asked
+    # and answered taken, never tried.
+    row("conflicting tries per tick (run ids drawn)", m.conflicting_tries / m.ticks, None, 2)
+    # Lease mode's bounds (set_config) go pipelined with each statement: no round trip; and
+    # pgbouncer's own SET application_name, as it hands a client a server connection, is none
+    # of the replica's.
+    own = ("SELECT set_config", "SET application_name")
+    trips = sum(n for name, (n, _, _) in s.items() if not name.startswith(own))
+    row("round trips per tick won", trips / won, None, 3)
+    row("  of which claims", claims[0] / won, None, 3)
     row("ledger rows inserted/s", m.rows_per_s["tup_inserted"], "claims_per_s")
     row("rows updated/s", m.rows_per_s["tup_updated"], None)
     row("commits/s", m.rows_per_s["xact_commit"], None)

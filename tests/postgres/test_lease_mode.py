@@ -4,8 +4,8 @@ What differs from advisory mode, shown statement by statement on backends driven
 (their housekeeping never runs by itself here: ``heartbeat_interval=3600``): leases expire on
 the database's clock, a written-off row fences its late writer by its epoch, an expired job
 lock is taken over and its holder told to stop at its next heartbeat, a lost connection loses
-nothing, the modes do not mix in a namespace, and a replica among peers reads which ticks of
-an instant already have a row instead of trying them.
+nothing, the modes do not mix in a namespace, and a replica among peers claims an instant's
+ticks in one statement that tries none of those already with a row.
 """
 
 from __future__ import annotations
@@ -284,9 +284,19 @@ def test_advisory_only_options_are_refused_in_lease_mode() -> None:
         PostgresBackend("postgresql://", coordination="rows")  # type: ignore[arg-type]
 
 
-def test_among_peers_ticks_that_have_a_row_are_read_not_tried(dsn: str) -> None:
-    """A tick whose instant has come is tried only if one read finds it without a row: the
-    replicas that are not its first try nothing their first replica claimed."""
+def run_ids_drawn(dsn: str) -> int:
+    """Run ids drawn from the ledger's sequence so far: one per insert tried, won or not."""
+    [(drawn,)] = sql(
+        dsn,
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM replicron_runs_run_id_seq",
+    )
+    return int(drawn)
+
+
+def test_among_peers_a_claim_is_one_statement_that_tries_no_tick_with_a_row(dsn: str) -> None:
+    """A replica that is not a tick's first claims the ticks of an instant in one statement,
+    which tries no insert for a tick whose row its first replica already wrote: no separate
+    read before it, no run id drawn for a tick that is taken."""
 
     async def main() -> None:
         async with (
@@ -297,6 +307,7 @@ def test_among_peers_ticks_that_have_a_row_are_read_not_tried(dsn: str) -> None:
             jobs = [f"job-{n}" for n in range(20)]
             first = await a.claim([ClaimRequest(job, tick(1), False) for job in jobs[:15]])
             assert {c.status for c in first} == {CLAIMED}
+            drawn = run_ids_drawn(dsn)
             ran: list[str] = []
             statements = b._statements
             fetch = statements.fetch
@@ -308,12 +319,14 @@ def test_among_peers_ticks_that_have_a_row_are_read_not_tried(dsn: str) -> None:
             statements.fetch = counted  # type: ignore[method-assign]
             answers = await b.claim([ClaimRequest(job, tick(1), False) for job in jobs])
             assert [c.status for c in answers] == [TAKEN] * 15 + [CLAIMED] * 5
-            assert ran == ["lease_unclaimed", "lease_claim"]
+            assert ran == ["lease_claim"]
+            assert run_ids_drawn(dsn) == drawn + 5  # the 15 taken ticks were not tried
             ran.clear()
             assert {c.status for c in await b.claim([ClaimRequest(jobs[0], tick(1), False)])} == {
                 TAKEN
             }
-            assert ran == ["lease_unclaimed"]  # nothing left to try: no claim at all
+            assert ran == ["lease_claim"]
+            assert run_ids_drawn(dsn) == drawn + 5
 
     run(main())
 

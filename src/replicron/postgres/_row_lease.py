@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -36,26 +36,14 @@ logger = logging.getLogger("replicron.postgres.backend")
 
 
 class RowLeases:
-    """Coordination through lock rows that run out on the server's clock. ``peers`` and
-    ``offset`` read the replicas seen lately and the database's clock offset."""
+    """Coordination through lock rows that run out on the server's clock."""
 
     name: CoordinationMode = "lease"
     locks_noun = "leases"
 
-    def __init__(
-        self,
-        statements: Statements,
-        stale_after: timedelta,
-        *,
-        peers: Callable[[], frozenset[str]],
-        offset: Callable[[], timedelta | None],
-        lost_claims: Callable[[tuple[str, datetime]], bool],
-    ) -> None:
+    def __init__(self, statements: Statements, stale_after: timedelta) -> None:
         self._statements = statements
         self._stale_after = stale_after
-        self._peers = peers
-        self._offset = offset
-        self._lost_claim = lost_claims
 
     def session(
         self,
@@ -81,22 +69,19 @@ class RowLeases:
         tokens: Sequence[UUID],
         replica: str,
     ) -> Won:
-        """The ticks another replica has already are read once, the others claimed; each won
-        row comes with the epoch this replica holds it in."""
-        had = await self._rows_of_others(unique)
-        trying = [n for n in range(len(unique)) if n not in had]
-        if not trying:
-            return {}
+        """Every tick in one statement, which answers the ticks another replica has already
+        without trying them (no insert, no run id drawn); each won row comes with the epoch
+        this replica holds it in."""
         rows = await self._statements.fetch(
             "lease_claim",
             retry=True,  # the token makes a retry recognise the rows its first try inserted
-            jobs=[unique[n].job for n in trying],
-            ticks=[unique[n].scheduled_at for n in trying],
-            locks=[unique[n].lock for n in trying],
-            manual=[unique[n].manual for n in trying],
-            limits=[unique[n].max_runs for n in trying],
+            jobs=[r.job for r in unique],
+            ticks=[r.scheduled_at for r in unique],
+            locks=[r.lock for r in unique],
+            manual=[r.manual for r in unique],
+            limits=[r.max_runs for r in unique],
             replica=replica,
-            tokens=[tokens[n] for n in trying],
+            tokens=list(tokens),
             ahead=CLAIM_AHEAD,
             stale_after=self._stale_after,
         )
@@ -107,30 +92,6 @@ class RowLeases:
             )
             for job, tick, run_id, status, holder, epoch in rows
         }
-
-    async def _rows_of_others(self, unique: Sequence[ClaimRequest]) -> set[int]:
-        """Among peers: which of the ticks whose instant has come already have a row (their
-        first replica claimed them ahead), read once instead of tried one by one. A tick
-        whose claim's answer this replica lost is tried again, never read."""
-        if len(self._peers()) < 2:
-            return set()
-        now = datetime.now(UTC) + (self._offset() or timedelta(0))
-        ticks = [(r.job, r.scheduled_at.astimezone(UTC)) for r in unique]
-        due = [
-            n
-            for n, request in enumerate(unique)
-            if not request.manual and request.scheduled_at <= now and not self._lost_claim(ticks[n])
-        ]
-        if not due:
-            return set()
-        rows = await self._statements.fetch(
-            "lease_unclaimed",
-            retry=True,
-            jobs=[ticks[n][0] for n in due],
-            ticks=[ticks[n][1] for n in due],
-        )
-        free = {due[position - 1] for (position,) in rows}
-        return set(due) - free
 
     async def lock(self, claim: Claim, key: int, epoch: int | None, replica: str) -> bool:
         [(locked,)] = await self._statements.fetch(

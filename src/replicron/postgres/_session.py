@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -49,6 +50,11 @@ Runner = Callable[[str, Mapping[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 #: the probe per unpinned round (more than a pool has idle server sessions, as a rule).
 POOLED_PROBE_ROUNDS = 20
 PROBE_STATEMENTS = 25
+#: At start-up, the pause before another try at the first session (a random part of it, so
+#: that replicas started together do not all try again at once), and the least time left
+#: worth another try.
+START_PAUSE = 0.5
+START_LEAST_TRY = 0.5
 
 
 class BackendUnavailableError(ReplicronError, ConnectionError):
@@ -126,6 +132,10 @@ class LockSession:
         self.generation = 0  # bumped on every (re)connect: locks belong to one generation
         self.last_round_trip: RoundTrip | None = None
         self.connect_failed_at: float | None = None  # monotonic; None once one succeeds
+        #: While the first session is being opened: when (monotonic) start-up gives up.
+        self._start_until = math.inf
+        #: The start deadline (monotonic), from the first :meth:`connect` on; None before.
+        self.start_deadline: float | None = None
         #: Run on every new connection before anything else, with a way to run statements on
         #: it (the backend checks which server it reached: see ``_failover``).
         self.on_connect: Callable[[Runner], Awaitable[None]] | None = None
@@ -135,8 +145,43 @@ class LockSession:
         return self._conn is not None and not self._conn.closed and not self._invalid
 
     async def connect(self) -> None:
+        """Open the session. The first one (start-up) has ``connect_timeout`` in all, its
+        start deadline, for connecting, its settings and the check of which server it
+        reached (the pooler probe's statements have a statement deadline each). A try that
+        fails for want of an answer (a server slowed by a hundred replicas starting at once,
+        one still starting, one refusing connections for a moment) is made again after a
+        short pause while enough of that deadline is left; past it, the last try's failure
+        is raised. A refusal (a transaction pooler) is never tried again. The rest of
+        start-up may be tried again by the same deadline (:meth:`starting`)."""
         async with self._serial:
-            await self._connect_locked()
+            if self.generation > 0:
+                await self._connect_locked()
+                return
+            self.start_deadline = self._start_until = time.monotonic() + self.connect_timeout
+            try:
+                await self._until_started(self._connect_locked)
+            finally:
+                self._start_until = math.inf
+
+    async def starting(self, step: Callable[[], Awaitable[T]]) -> T:
+        """A step of start-up once the session is open (migrating, the first clock samples
+        and heartbeat): as the session's opening, tried again after a short pause when it
+        fails for want of an answer, while the start deadline that :meth:`connect` set
+        leaves enough time."""
+        return await self._until_started(step)
+
+    async def _until_started(self, step: Callable[[], Awaitable[T]]) -> T:
+        until = self.start_deadline
+        while True:
+            try:
+                return await step()
+            except BackendUnavailableError as exc:
+                pause = random.uniform(0.0, START_PAUSE)
+                left = -math.inf if until is None else until - time.monotonic() - pause
+                if left < START_LEAST_TRY:
+                    raise
+                logger.info("starting: %s; trying again (%.1f s left)", exc, left)
+                await asyncio.sleep(pause)
 
     async def _connect_locked(self) -> None:
         if self._invalid:
@@ -158,12 +203,12 @@ class LockSession:
         self.generation += 1
 
     def _connect_until(self) -> float:
-        """When (monotonic) a connection being made must be ready. The first one has a
-        ``connect_timeout`` to connect and a statement deadline per statement; a new one, once
-        one was lost, has ``reconnect_deadline`` for everything, since the statements of the
-        backend (its heartbeats too) wait behind it."""
+        """When (monotonic) a connection being made must be ready. The first one, by the start
+        deadline (see :meth:`connect`), with a statement deadline per statement as well; a new
+        one, once one was lost, has ``reconnect_deadline`` for everything, since the
+        statements of the backend (its heartbeats too) wait behind it."""
         if self.generation == 0:
-            return math.inf
+            return self._start_until
         return time.monotonic() + self.reconnect_deadline
 
     def _deadline(self, until: float) -> float:
@@ -322,7 +367,7 @@ class LockSession:
             raise
         if not done:
             await self._abandon(statement)
-            raise TimeoutError(f"no answer within {deadline:g} s")
+            raise TimeoutError(f"no answer within {round(deadline, 2):g} s")
         return statement.result()
 
     async def fetch(

@@ -180,13 +180,7 @@ class PostgresBackend:
                     "fence_stale_holders and session_pooler are advisory mode's: in lease mode "
                     "a frozen holder's lease runs out, and any pooler may sit in between"
                 )
-            return RowLeases(
-                self._statements,
-                stale_after,
-                peers=lambda: self.peers,
-                offset=self.clock_offset,
-                lost_claims=self._tokens.__contains__,
-            )
+            return RowLeases(self._statements, stale_after)
         return AdvisoryLocks(self._statements, stale_after)
 
     async def join(self, since: datetime) -> None:
@@ -295,9 +289,9 @@ class PostgresBackend:
         except BaseException:
             await session.close()
             raise
-        if self.migrate:
-            await migrate_session(session)
-        await self._housekeeper.start(self._writes.write_pending)
+        if self.migrate:  # these steps too are tried again by the start deadline
+            await session.starting(lambda: migrate_session(session))
+        await session.starting(lambda: self._housekeeper.start(self._writes.write_pending))
         # After the first heartbeat, which says this replica's mode: of two replicas of
         # different modes starting at once, each sees the other.
         await self._refuse_mixed_modes()

@@ -5,26 +5,14 @@
 -- succeeds only when it is free or its lease ran out. Each statement is its own transaction and
 -- none depends on the server session it runs on: any pooler may sit in between.
 
--- name: lease_unclaimed
--- Which of these ticks still have no row (by position, from 1): the only ones worth trying for
--- a replica that is not their first, once their instant has come.
-SELECT r.n
-FROM unnest(%(jobs)s::text[], %(ticks)s::timestamptz[]) WITH ORDINALITY AS r(job, scheduled_at, n)
-WHERE NOT EXISTS (
-    SELECT 1 FROM replicron_runs run
-    WHERE run.namespace = %(namespace)s AND run.job = r.job AND run.scheduled_at = r.scheduled_at
-) AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
-    SELECT 1 FROM replicron_runs missed
-    WHERE missed.namespace = %(namespace)s AND missed.job = r.job
-      AND missed.scheduled_through >= r.scheduled_at AND missed.scheduled_at < r.scheduled_at
-)
-ORDER BY r.n;
-
 -- name: lease_claim
 -- Claim a batch of ticks in one round trip, as "claim" does in advisory mode: insert each tick's
 -- row unless any replica has it (or recognise the rows an earlier try of this claim inserted,
 -- its answer lost: same claim token; one a janitor wrote off meanwhile is opened again in a new
--- epoch), with a lease of stale_after on the database's clock; then, for the first tick of each
+-- epoch), with a lease of stale_after on the database's clock. A tick whose row is already
+-- there when the statement starts (among peers, most ticks of an instant: their first replica
+-- claimed them ahead) is not tried at all: no insert, no run id drawn, no wait on the unique
+-- key; only a row committed meanwhile makes an insert conflict. Then, for the first tick of each
 -- job in the batch that asked for the lock, take the job's lock row if it is free or its lease
 -- ran out (a new epoch of the lock). Nothing before it is due by the database's clock (within
 -- the claim-ahead margin; a manual run is due when asked for), nothing of a job that has started
@@ -50,6 +38,19 @@ WITH request AS MATERIALIZED (
 ), paused AS MATERIALIZED (
     SELECT job FROM replicron_paused
     WHERE namespace = %(namespace)s AND job IN (SELECT job FROM request WHERE NOT manual)
+), present AS MATERIALIZED (
+    -- Each tick's row as the statement starts, if it has one, and whether it is this claim's
+    -- own (an earlier try's, its answer lost). One probe of the tick's key per tick: LIMIT
+    -- keeps it a probe, never a scan of all the namespace's rows, whatever the statistics say.
+    SELECT request.n, had.run_id,
+           had.claim_token = request.token AND (had.outcome IS NULL OR had.outcome = 'abandoned')
+               AS ours
+    FROM request LEFT JOIN LATERAL (
+        SELECT run.run_id, run.claim_token, run.outcome FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = request.job
+          AND run.scheduled_at = request.scheduled_at
+        LIMIT 1
+    ) AS had ON true
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, heartbeat_at, started_at, claim_token,
@@ -61,10 +62,11 @@ WITH request AS MATERIALIZED (
            CASE WHEN held.paused THEN now() END,
            CASE WHEN held.paused THEN 'the job is paused' END,
            CASE WHEN NOT held.paused THEN now() + %(stale_after)s::interval END
-    FROM request CROSS JOIN clock
+    FROM request CROSS JOIN clock JOIN present USING (n)
         CROSS JOIN LATERAL (SELECT NOT request.manual
                                    AND request.job IN (SELECT job FROM paused) AS paused) AS held
-    WHERE (request.manual OR request.scheduled_at <= clock.claimable_until)
+    WHERE present.run_id IS NULL  -- no row yet (this claim's own earlier try is "earlier"'s)
+      AND (request.manual OR request.scheduled_at <= clock.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
       AND NOT EXISTS (  -- a tick inside a range of missed ticks has its record there
@@ -80,16 +82,7 @@ WITH request AS MATERIALIZED (
     SET heartbeat_at = now(), lease_until = now() + %(stale_after)s::interval, outcome = NULL,
         finished_at = NULL, error = NULL,
         epoch = run.epoch + CASE WHEN run.outcome = 'abandoned' THEN 1 ELSE 0 END
-    FROM (
-        SELECT found.run_id
-        FROM request CROSS JOIN LATERAL (
-            SELECT mine.run_id FROM replicron_runs mine
-            WHERE mine.namespace = %(namespace)s AND mine.job = request.job
-              AND mine.scheduled_at = request.scheduled_at AND mine.claim_token = request.token
-              AND (mine.outcome IS NULL OR mine.outcome = 'abandoned')
-        ) AS found
-    ) AS again
-    WHERE run.run_id = again.run_id
+    WHERE run.run_id = ANY(ARRAY(SELECT run_id FROM present WHERE ours))  -- by its key
     RETURNING run.run_id, run.job, run.scheduled_at, false AS paused, run.epoch
 ), won AS MATERIALIZED (
     SELECT mine.run_id, mine.job, mine.scheduled_at, mine.paused, mine.epoch,
