@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from replicron.postgres import BackendUnavailableError, PostgresBackend
 from replicron.postgres._failover import ServerWatch
@@ -140,3 +141,16 @@ def test_a_refused_connection_fails_start_up_by_the_deadline() -> None:
     took = time.monotonic() - began
     assert str(caught.value).startswith("cannot connect to PostgreSQL: "), caught.value
     assert took < 1 + 1.5
+
+
+@pytest.mark.parametrize("coordination", COORDINATIONS)
+def test_a_server_that_refuses_the_database_fails_start_up_without_another_try(
+    dsn: str, coordination: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refusal is the server's answer, not the want of one (a wrong database name, role or
+    password): said at once, not tried again until the start deadline."""
+    wrong = make_conninfo(dsn, dbname="no_such_database")
+    with caplog.at_level("INFO", "replicron"), pytest.raises(BackendUnavailableError) as caught:
+        asyncio.run(backend(wrong, coordination, connect_timeout=30).open("r1"))
+    assert 'database "no_such_database" does not exist' in str(caught.value)
+    assert "trying again" not in caplog.text

@@ -55,6 +55,29 @@ PROBE_STATEMENTS = 25
 #: worth another try.
 START_PAUSE = 0.5
 START_LEAST_TRY = 0.5
+#: The failures at start-up that are the want of an answer, or a server's "not now" (one still
+#: starting, or with all its connection slots taken by a herd): worth another try. Any other
+#: (a wrong database, role or password, pg_hba, a malformed URL) would fail again alike.
+NOT_NOW = (
+    "no answer within",
+    "timeout expired",
+    "Connection refused",
+    "closed the connection",
+    "could not receive data",
+    "could not send data",
+    "starting up",
+    "shutting down",
+    "not yet accepting",
+    "too many",
+    "connection slots",
+)
+
+
+def worth_another_try(exc: BaseException) -> bool:
+    """Whether a failure at start-up may go another way if tried again: the want of an
+    answer, or a server's "not now"."""
+    text = f"{exc} {exc.__cause__ or ''}"
+    return isinstance(exc.__cause__, TimeoutError) or any(why in text for why in NOT_NOW)
 
 
 class BackendUnavailableError(ReplicronError, ConnectionError):
@@ -178,7 +201,7 @@ class LockSession:
             except BackendUnavailableError as exc:
                 pause = random.uniform(0.0, START_PAUSE)
                 left = -math.inf if until is None else until - time.monotonic() - pause
-                if left < START_LEAST_TRY:
+                if left < START_LEAST_TRY or not worth_another_try(exc):
                     raise
                 logger.info("starting: %s; trying again (%.1f s left)", exc, left)
                 await asyncio.sleep(pause)
