@@ -282,9 +282,11 @@ class PostgresBackend:
         self._statements.session = session
         session.on_connect = self._housekeeper.server.check  # which server (a failover?)
         await session.connect()
-        try:
-            await self._coordination.check_server(
-                self.conninfo, self.connect_timeout, self.setting_names
+        try:  # tried again by the start deadline, as the steps that follow
+            await session.starting(
+                lambda: self._coordination.check_server(
+                    self.conninfo, self.connect_timeout, self.setting_names
+                )
             )
         except BaseException:
             await session.close()
