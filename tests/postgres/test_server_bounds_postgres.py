@@ -126,3 +126,23 @@ def test_a_cluster_status_read_behind_a_locked_ledger_ends_at_the_statement_time
         assert took < DEADLINE + 1.0, took
 
     asyncio.run(main())
+
+
+def test_the_lock_session_compiles_no_statement(dsn: str) -> None:
+    """Advisory mode's lock session has JIT off on the server: a claim of thousands of ticks
+    is estimated costly enough to be compiled, which takes longer than running it."""
+
+    async def main() -> None:
+        backend = PostgresBackend(dsn, heartbeat_interval=3600)
+        await backend.open("r1")
+        try:
+            session = backend._statements.session
+            assert session is not None
+            [(jit,)] = await session.fetch("SELECT current_setting('jit')", {})
+            assert jit == "off"
+        finally:
+            await backend.close()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:  # PostgreSQL's default, made sure of
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET jit = on")
+    asyncio.run(main())

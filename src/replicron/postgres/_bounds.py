@@ -39,13 +39,17 @@ def server_settings(drop_after: float, statement_deadline: float, version: int) 
     keepalives alone do not bound: retransmissions would go on for about 15 minutes). A peer
     whose kernel still answers (a frozen process, a hung proxy) keeps its session: its runs
     may go on, so its locks hold (see ``fence_stale_holders``). With them the server's own
-    ``statement_timeout``: a statement the client gave up on ends on the server as well."""
+    ``statement_timeout``: a statement the client gave up on ends on the server as well. And
+    no JIT compilation: a claim of a few thousand ticks is estimated costly enough to compile,
+    which takes longer than the statement (p50 of a 2,000-tick claim 188 ms with it, 97 ms
+    without: bench/pg_claim_latency.py)."""
     idle, interval, count = _keepalive_timing(drop_after)
     settings = {
         "tcp_keepalives_idle": str(idle),
         "tcp_keepalives_interval": str(interval),
         "tcp_keepalives_count": str(count),
         "statement_timeout": server_timeout(statement_deadline),
+        "jit": "off",
     }
     if version >= 120000:
         settings["tcp_user_timeout"] = str(int(drop_after * 1000))

@@ -4,7 +4,9 @@
 -- name: claim
 -- Claim a batch of ticks in one round trip: insert each tick's row unless any replica has it (or
 -- recognise, and refresh, the rows an earlier try of this same claim inserted, its reply lost with
--- its session: same claim token per tick); then, for the ticks won that asked for it, take the
+-- its session: same claim token per tick). A tick whose row is already there when the statement
+-- starts (among peers, most ticks of an instant) is not tried at all: no insert, no run id
+-- drawn; only a row committed meanwhile makes an insert conflict. Then, for the ticks won that asked for it, take the
 -- job's advisory lock, but only for the first such tick of a job in the batch, and only if no other
 -- started run of the job is still heartbeating (a run whose replica lost its lock may still be
 -- going). Nothing is inserted or locked on a server session other than the lock session's (a
@@ -41,6 +43,19 @@ WITH request AS MATERIALIZED (
     -- Read in the claim itself: a pause committed before it is honoured by it.
     SELECT job FROM replicron_paused
     WHERE namespace = %(namespace)s AND job IN (SELECT job FROM request WHERE NOT manual)
+), present AS MATERIALIZED (
+    -- Each tick's row as the statement starts, if it has one, and whether it is this claim's
+    -- own (an earlier try's, its answer lost). One probe of the tick's key per tick: LIMIT
+    -- keeps it a probe, never a scan of all the namespace's rows, whatever the statistics say.
+    SELECT request.n, had.run_id,
+           had.claim_token = request.token AND (had.outcome IS NULL OR had.outcome = 'abandoned')
+               AS ours
+    FROM request LEFT JOIN LATERAL (
+        SELECT run.run_id, run.claim_token, run.outcome FROM replicron_runs run
+        WHERE run.namespace = %(namespace)s AND run.job = request.job
+          AND run.scheduled_at = request.scheduled_at
+        LIMIT 1
+    ) AS had ON true
 ), inserted AS (
     -- A tick of a paused job is claimed like any other, and recorded paused at once.
     INSERT INTO replicron_runs
@@ -52,10 +67,11 @@ WITH request AS MATERIALIZED (
            pg_backend_pid(), manual, CASE WHEN held.paused THEN 'paused' END,
            CASE WHEN held.paused THEN now() END,
            CASE WHEN held.paused THEN 'the job is paused' END
-    FROM request CROSS JOIN session
+    FROM request CROSS JOIN session JOIN present USING (n)
         CROSS JOIN LATERAL (SELECT NOT request.manual
                                    AND request.job IN (SELECT job FROM paused) AS paused) AS held
     WHERE session.ours
+      AND present.run_id IS NULL  -- no row yet (this claim's own earlier try is "earlier"'s)
       AND (request.manual OR request.scheduled_at <= session.claimable_until)
       AND (request.max_runs IS NULL OR request.manual
            OR request.job NOT IN (SELECT job FROM exhausted))
@@ -74,17 +90,8 @@ WITH request AS MATERIALIZED (
     UPDATE replicron_runs run
     SET heartbeat_at = now(), backend_pid = pg_backend_pid(), outcome = NULL,
         finished_at = NULL, error = NULL
-    FROM (
-        SELECT found.run_id
-        FROM request CROSS JOIN LATERAL (
-            SELECT mine.run_id FROM replicron_runs mine
-            WHERE mine.namespace = %(namespace)s AND mine.job = request.job
-              AND mine.scheduled_at = request.scheduled_at AND mine.claim_token = request.token
-              AND (mine.outcome IS NULL OR mine.outcome = 'abandoned')
-        ) AS found
-        WHERE (SELECT ours FROM session)
-    ) AS again
-    WHERE run.run_id = again.run_id
+    WHERE run.run_id = ANY(ARRAY(SELECT run_id FROM present WHERE ours))  -- by its key
+      AND (SELECT ours FROM session)
     RETURNING run.run_id, run.job, run.scheduled_at, false AS paused
 ), won AS MATERIALIZED (
     SELECT mine.run_id, mine.job, mine.scheduled_at, mine.paused, request.lock_key,
