@@ -223,8 +223,11 @@ def test_registrations_of_dropped_jobs_go_by_replica_id_or_by_forget(dsn: str) -
 
 def test_pause_refuses_a_job_no_replica_registered_in_its_namespace(dsn: str) -> None:
     clock = FakeClock(z(2026, 1, 1))
-    with Scheduler(clock=clock, backend=PostgresBackend(dsn, namespace="shop/")) as s:
-        s.add_job(every(seconds=10), lambda: None, name="charge-card")
+    scheduler = Scheduler(clock=clock, backend=PostgresBackend(dsn, namespace="shop/"))
+    # Added before the start, which registers the jobs it has before it returns (one added
+    # later is registered in the background, a moment after).
+    scheduler.add_job(every(seconds=10), lambda: None, name="charge-card")
+    with scheduler as s:
         clock.set(z(2026, 1, 1, 0, 0, 10))
         s.wait_idle()  # a run: the namespace has runs to be found by
         forgot_namespace = run_cli("pause", "charge-card", "--database-url", dsn)

@@ -55,9 +55,12 @@ PROBE_STATEMENTS = 25
 #: worth another try.
 START_PAUSE = 0.5
 START_LEAST_TRY = 0.5
-#: The failures at start-up that are the want of an answer, or a server's "not now" (one still
-#: starting, or with all its connection slots taken by a herd): worth another try. Any other
-#: (a wrong database, role or password, pg_hba, a malformed URL) would fail again alike.
+#: The failures at start-up that are the want of an answer (the client's deadline, or the
+#: server's statement or lock timeout), or a server's "not now" (one still starting, or with
+#: all its connection slots taken by a herd): worth another try. Any other (a wrong database,
+#: role or password, pg_hba, a malformed URL) would fail again alike. A refused connection
+#: carries no SQLSTATE, so that kind is told by its message.
+NO_ANSWER = (TimeoutError, psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
 NOT_NOW = (
     "no answer within",
     "timeout expired",
@@ -77,7 +80,7 @@ def worth_another_try(exc: BaseException) -> bool:
     """Whether a failure at start-up may go another way if tried again: the want of an
     answer, or a server's "not now"."""
     text = f"{exc} {exc.__cause__ or ''}"
-    return isinstance(exc.__cause__, TimeoutError) or any(why in text for why in NOT_NOW)
+    return isinstance(exc.__cause__, NO_ANSWER) or any(why in text for why in NOT_NOW)
 
 
 class BackendUnavailableError(ReplicronError, ConnectionError):
