@@ -31,8 +31,7 @@ WITH request AS MATERIALIZED (
         GROUP BY job
         ORDER BY job  -- the same order in every claim: their locks cannot deadlock
     ) AS limited
-    WHERE replicron_runs_reached(%(namespace)s, limited.job, limited.max_runs,
-                                 %(tokens)s::uuid[], true)
+    WHERE replicron_runs_reached(%(namespace)s, limited.job, limited.max_runs, %(tokens)s::uuid[])
 ), clock AS MATERIALIZED (
     SELECT clock_timestamp() + %(ahead)s::interval AS claimable_until
 ), paused AS MATERIALIZED (

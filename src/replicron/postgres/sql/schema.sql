@@ -228,30 +228,13 @@ CREATE FUNCTION replicron_runs_reached(
                      AND held.run_id = run.run_id)));
 $$;
 
--- replicron_runs_reached with the caller's mode: with p_leased an open row started under the
--- lock counts while replicron_job_locks names it, not while a server session holds the
--- advisory lock. (Kept for replicas of before migration 0009, which pass their mode.)
+-- The form replicas of before migration 0009 call, with their mode: the four-argument form
+-- answers alike for either mode (each mode leaves the other's evidence empty: row-lease rows
+-- have no backend_pid or lock_key; advisory replicas write no lock rows).
 CREATE FUNCTION replicron_runs_reached(
     p_namespace text, p_job text, p_limit integer, p_mine uuid[], p_leased boolean
 ) RETURNS boolean LANGUAGE sql VOLATILE AS $$
-    SELECT pg_advisory_xact_lock(hashtext('replicron_runs_reached'),
-                                 hashtext(p_namespace || '/' || p_job));
-    SELECT coalesce((SELECT pruned.runs FROM replicron_pruned_runs pruned
-                     WHERE pruned.namespace = p_namespace AND pruned.job = p_job), 0)
-           + count(*) >= p_limit
-    FROM replicron_runs run
-    WHERE run.namespace = p_namespace AND run.job = p_job AND NOT run.manual
-      AND NOT coalesce(run.claim_token = ANY(p_mine), false)
-      AND (run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')
-           OR run.outcome IS NULL AND (
-               run.started_at IS NULL
-               OR p_leased AND EXISTS (
-                   SELECT 1 FROM replicron_job_locks held
-                   WHERE held.namespace = run.namespace AND held.job = run.job
-                     AND held.run_id = run.run_id)
-               OR NOT p_leased AND EXISTS (
-                   SELECT 1 FROM replicron_advisory_locks() l
-                   WHERE l.pid = run.backend_pid AND l.lock_key = run.lock_key)));
+    SELECT replicron_runs_reached(p_namespace, p_job, p_limit, p_mine);
 $$;
 
 -- Manual runs asked for across the cluster (replicron run-now): each replica that schedules
