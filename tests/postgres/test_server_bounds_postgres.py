@@ -6,6 +6,7 @@ must not wait for the lock either."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -146,3 +147,28 @@ def test_the_lock_session_compiles_no_statement(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:  # PostgreSQL's default, made sure of
         conn.execute(f"ALTER DATABASE {conn.info.dbname} SET jit = on")
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("source", ["a DSN", "the application's pool"])
+def test_a_statement_given_up_on_is_said_once_not_also_by_psycopg(
+    dsn: str, source: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Giving up on a statement, replicron stops psycopg's own wait for the server's
+    cancellation; psycopg then warns that it closes the connection. That is replicron's
+    doing, said by its own error (and health line): psycopg's warning is not logged with it,
+    while one of the application's own statements is left alone."""
+
+    async def main() -> None:
+        async with lease_backend(dsn, source) as backend:
+            with locked_ledger(dsn):
+                tick = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+                with pytest.raises(BackendUnavailableError):
+                    await backend.claim([ClaimRequest("report", tick, True)])
+
+    with caplog.at_level(logging.WARNING, logger="psycopg"):
+        asyncio.run(main())
+        assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == []
+        logging.getLogger("psycopg").warning("query cancellation interrupted (the app's)")
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == [
+        "query cancellation interrupted (the app's)"
+    ]

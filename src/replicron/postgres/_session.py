@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import random
@@ -44,6 +45,24 @@ __all__ = [
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Runner = Callable[[str, Mapping[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+
+#: Set in the task of each statement the session runs (see :meth:`LockSession._within`).
+_OURS: contextvars.ContextVar[bool] = contextvars.ContextVar("replicron_statement", default=False)
+#: What psycopg warns when a query's cancellation is cut short or not answered: the
+#: connection is closed. For a statement replicron gave up on, that is its own doing, said
+#: once by its error and the backend's health.
+_CANCELLATION_CUT_SHORT = ("query cancellation interrupted", "query not terminated after")
+
+
+class _GivenUpStatements(logging.Filter):
+    """Drops psycopg's warnings about the cancellation of a statement replicron gave up on;
+    those of the application's own statements pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_OURS.get() and record.getMessage().startswith(_CANCELLATION_CUT_SHORT))
+
+
+logging.getLogger("psycopg").addFilter(_GivenUpStatements())
 
 
 #: Probe rounds when something pools between the replica and PostgreSQL, and statements of
@@ -385,7 +404,11 @@ class LockSession:
         """Await a statement for at most ``deadline`` seconds (TimeoutError past it). A
         statement given up on, or whose caller is cancelled, is abandoned at once: its
         connection's state is unknown from then on."""
-        statement = asyncio.ensure_future(awaitable)
+        marked = _OURS.set(True)
+        try:
+            statement = asyncio.ensure_future(awaitable)  # its task keeps the mark
+        finally:
+            _OURS.reset(marked)
         try:
             done, _ = await asyncio.wait({statement}, timeout=deadline)
         except asyncio.CancelledError:
