@@ -109,6 +109,23 @@ def test_a_replica_starting_after_the_first_claim_follows_that_chain() -> None:
     assert planner.decide(s(6.5)).due == [Tick("j", s(6.5))]
 
 
+def test_a_first_tick_is_not_handed_out_ahead_of_the_read_at_its_instant() -> None:
+    """Two replicas started on either side of tick 2: the earlier one claims 2 at about 2.0,
+    the later one plans 4. Deciding a claim lead ahead of 4 (at 3.95, for 4) must not hand 4
+    out before the ledger is read at 4, where the earlier one's row shows: one chain."""
+    planner = planned(at=2.01)
+    assert planner.chains_to_read(s(2.01)) == ["j"]
+    planner.learn("j", None, s(2.01))  # the earlier replica's claim is not committed yet
+    assert planner.next_due("j") == s(4)
+    assert planner.decide(s(4)).due == []  # at 3.95, deciding up to 4: not read at 4 yet
+    assert planner.chain_read_at() == s(4)
+    assert planner.chains_to_read(s(3.95)) == []
+    assert planner.chains_to_read(s(4)) == ["j"]
+    planner.learn("j", ended(2, 2.5), s(4))
+    assert planner.next_due("j") == s(4.5)
+    assert planner.decide(s(4.5)).due == [Tick("j", s(4.5))]
+
+
 def test_the_next_tick_is_the_last_finish_plus_the_delay() -> None:
     planner = planned()
     planner.learn("j", None, s(2))

@@ -42,6 +42,11 @@ class Chain:
     #: The tick handed out was left to the leader (a leader-mode job on a standby), not
     #: claimed here: should this replica lead before the ledger has it, it claims it itself.
     left: bool = False
+    #: The job's first tick, while the ledger has no row of it: kept out of the plan until a
+    #: read at its very instant (not a claim lead ahead of it) still finds none. Replicas
+    #: started on either side of a tick of the grid plan different first ticks; the later
+    #: one, read at its instant, finds the earlier one's row and follows its chain.
+    holding: bool = False
 
     def wants_read(self, now: datetime, due: datetime | None) -> bool:
         """Whether to read the job's last finish at ``now`` (``due``: its planned tick); if
@@ -80,10 +85,19 @@ class Chain:
         while its run goes on), or :data:`KEEP`: the planned one ``due`` stands."""
         handed_out = self.handed_out
         if last is None or (handed_out is not None and last.scheduled_at < handed_out):
-            if handed_out is None:  # no row yet: the trigger's first tick stands
-                self.read_at = None
-                self.confirmed = due is not None and due <= now
-            return KEEP  # else the tick handed out is not claimed yet: read again later
+            if handed_out is not None:  # the tick handed out is not claimed yet: read later
+                return KEEP
+            # No row yet: the trigger's first tick stands, planned once read at its instant.
+            if self.holding and due is not None and due > now:
+                self.read_at = due
+                return KEEP
+            self.read_at = None
+            self.confirmed = due is not None and due <= now
+            if self.holding:
+                self.holding = False
+                return due
+            return KEEP
+        self.holding = False
         if last.outcome is None:  # open: no next tick until it ends
             self.confirmed = False
             return None

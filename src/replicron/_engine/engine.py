@@ -318,7 +318,9 @@ class Engine:
         self._wake.clear()
         now = self.clock.now()
         lead = self._dispatcher.lead()
-        await self._read_chains(now + lead)  # fixed-delay jobs: their next ticks first
+        # Fixed-delay jobs: their next ticks first. Read at the clock's time, not a claim
+        # lead ahead: a first tick is confirmed by a read at its very instant.
+        await self._read_chains(now)
         decision, catch_up, manual = self.registry.take_due(now + lead)
         immediate: list[Tick] = []
         catch_up, since = self.leadership.step(catch_up, now, immediate)

@@ -159,7 +159,12 @@ class Planner:
         origin = now if after is None else after
         if start_at is not None and start_at - _EPSILON > origin:
             origin = start_at - _EPSILON
-        self._set_next(job, entry, entry.trigger.next_after(origin))
+        first = entry.trigger.next_after(origin)
+        if entry.chain is not None:  # planned once the ledger is read at its instant
+            entry.next_due = self._bounded(entry, first)
+            entry.chain.holding = True
+        else:
+            self._set_next(job, entry, first)
         return entry.next_due
 
     def remove(self, job: str) -> bool:
@@ -298,14 +303,16 @@ class Planner:
 
     def learn(self, job: str, last: LastFinish | None, now: datetime) -> None:
         """The ledger's latest row of fixed-delay ``job`` (``None``: it has none), read at
-        ``now``: plan its next tick from the row's end, or none while it is open."""
+        ``now`` (the clock's, not ahead of it): plan its next tick from the row's end, or
+        none while it is open, or its first tick once read at its instant with no row."""
         entry = self._entries.get(job)
         if entry is None or entry.chain is None:
             return
+        held = entry.chain.holding  # its first tick is not in the heap yet
         tick = entry.chain.learn(last, now, entry.next_due, entry.start_at)
         if tick is None:
             entry.next_due = None  # its heap entry is dropped as stale when it surfaces
-        elif tick is not KEEP and tick != entry.next_due:
+        elif tick is not KEEP and (held or tick != entry.next_due):
             assert isinstance(tick, datetime)
             self._set_next(job, entry, tick)
 
