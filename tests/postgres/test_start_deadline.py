@@ -80,6 +80,35 @@ def test_a_server_check_without_an_answer_is_tried_again_within_the_start_deadli
 
 
 @pytest.mark.parametrize("coordination", COORDINATIONS)
+def test_a_session_the_server_ends_at_start_is_tried_again_within_the_start_deadline(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, coordination: Any
+) -> None:
+    """The server ends the first session as it is checked (an administrator's
+    ``pg_terminate_backend``, a restart): start-up opens another and starts."""
+    real = ServerWatch.check
+    made: list[bool] = []
+
+    async def check(self: ServerWatch, run: Any) -> None:
+        made.append(not made)
+        if made[-1]:
+            await run("SELECT pg_terminate_backend(pg_backend_pid())", {})
+        await real(self, run)
+
+    monkeypatch.setattr(ServerWatch, "check", check)
+
+    async def main() -> None:
+        started = backend(dsn, coordination, connect_timeout=10)
+        await started.open("r1")
+        try:
+            assert started.connected
+        finally:
+            await started.close()
+
+    asyncio.run(main())
+    assert made[:2] == [True, False]
+
+
+@pytest.mark.parametrize("coordination", COORDINATIONS)
 def test_a_first_clock_sample_without_an_answer_is_tried_again_within_the_start_deadline(
     dsn: str, held: None, monkeypatch: pytest.MonkeyPatch, coordination: Any
 ) -> None:

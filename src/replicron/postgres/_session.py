@@ -76,10 +76,16 @@ START_PAUSE = 0.5
 START_LEAST_TRY = 0.5
 #: The failures at start-up that are the want of an answer (the client's deadline, or the
 #: server's statement or lock timeout), or a server's "not now" (one still starting, or with
-#: all its connection slots taken by a herd): worth another try. Any other (a wrong database,
-#: role or password, pg_hba, a malformed URL) would fail again alike. A refused connection
-#: carries no SQLSTATE, so that kind is told by its message.
-NO_ANSWER = (TimeoutError, psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable)
+#: all its connection slots taken by a herd, or that ended the session: an administrator's
+#: pg_terminate_backend, a restart): worth another try. Any other (a wrong database, role or
+#: password, pg_hba, a malformed URL) would fail again alike. A refused connection carries no
+#: SQLSTATE, so that kind is told by its message.
+NO_ANSWER = (
+    TimeoutError,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.AdminShutdown,
+)
 NOT_NOW = (
     "no answer within",
     "timeout expired",
