@@ -28,21 +28,29 @@ KEY = 7_340_211
 COORDINATIONS = ["advisory", "lease"]
 
 
-@pytest.fixture
-def checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Each server check a replica makes as it starts, True for one that got no answer: the
-    first waits for the lock the test holds, the others answer."""
+def first_check_runs(
+    monkeypatch: pytest.MonkeyPatch, query: str, params: dict[str, Any]
+) -> list[bool]:
+    """Each server check a replica makes as it starts, True for the first, which runs
+    ``query`` before checking; the others check only."""
     real = ServerWatch.check
     made: list[bool] = []
 
     async def check(self: ServerWatch, run: Any) -> None:
         made.append(not made)
         if made[-1]:
-            await run("SELECT pg_advisory_lock(%(key)s)", {"key": KEY})
+            await run(query, params)
         await real(self, run)
 
     monkeypatch.setattr(ServerWatch, "check", check)
     return made
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each server check a replica makes as it starts, True for one that got no answer: the
+    first waits for the lock the test holds, the others answer."""
+    return first_check_runs(monkeypatch, "SELECT pg_advisory_lock(%(key)s)", {"key": KEY})
 
 
 @pytest.fixture
@@ -51,6 +59,20 @@ def held(dsn: str) -> Iterator[None]:
     with psycopg.connect(dsn, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(%s)", [KEY])
         yield
+
+
+def starts(dsn: str, coordination: Any) -> None:
+    """A replica starts (and stops) with a start deadline of 10 s."""
+
+    async def main() -> None:
+        started = backend(dsn, coordination, connect_timeout=10)
+        await started.open("r1")
+        try:
+            assert started.connected
+        finally:
+            await started.close()
+
+    asyncio.run(main())
 
 
 def backend(dsn: str, coordination: Any, connect_timeout: float) -> PostgresBackend:
@@ -67,15 +89,7 @@ def backend(dsn: str, coordination: Any, connect_timeout: float) -> PostgresBack
 def test_a_server_check_without_an_answer_is_tried_again_within_the_start_deadline(
     dsn: str, held: None, checks: list[bool], coordination: Any
 ) -> None:
-    async def main() -> None:
-        started = backend(dsn, coordination, connect_timeout=10)
-        await started.open("r1")
-        try:
-            assert started.connected
-        finally:
-            await started.close()
-
-    asyncio.run(main())
+    starts(dsn, coordination)
     assert checks[:2] == [True, False]  # the first got no answer in 1 s; the second did
 
 
@@ -85,26 +99,8 @@ def test_a_session_the_server_ends_at_start_is_tried_again_within_the_start_dead
 ) -> None:
     """The server ends the first session as it is checked (an administrator's
     ``pg_terminate_backend``, a restart): start-up opens another and starts."""
-    real = ServerWatch.check
-    made: list[bool] = []
-
-    async def check(self: ServerWatch, run: Any) -> None:
-        made.append(not made)
-        if made[-1]:
-            await run("SELECT pg_terminate_backend(pg_backend_pid())", {})
-        await real(self, run)
-
-    monkeypatch.setattr(ServerWatch, "check", check)
-
-    async def main() -> None:
-        started = backend(dsn, coordination, connect_timeout=10)
-        await started.open("r1")
-        try:
-            assert started.connected
-        finally:
-            await started.close()
-
-    asyncio.run(main())
+    made = first_check_runs(monkeypatch, "SELECT pg_terminate_backend(pg_backend_pid())", {})
+    starts(dsn, coordination)
     assert made[:2] == [True, False]
 
 
