@@ -198,14 +198,14 @@ WITH ended AS MATERIALIZED (
     UPDATE replicron_job_locks held
     SET run_id = NULL, replica_id = NULL, lease_until = NULL
     FROM (
-        SELECT job FROM replicron_job_locks
+        SELECT job, run_id FROM replicron_job_locks
         WHERE namespace = %(namespace)s AND run_id = ANY(%(unlock_runs)s::bigint[])
         ORDER BY job  -- the claims' order (see lease_heartbeat)
         FOR UPDATE
     ) AS ordered
     WHERE held.namespace = %(namespace)s AND held.job = ordered.job
       AND held.run_id = ANY(%(unlock_runs)s::bigint[])
-    RETURNING held.run_id
+    RETURNING ordered.run_id  -- the run it was (RETURNING held.run_id is the NULL set)
 )
 SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS written,
        ARRAY(SELECT target.found FROM ended LEFT JOIN target USING (n) ORDER BY ended.n) AS found,
