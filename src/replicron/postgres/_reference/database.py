@@ -1,0 +1,58 @@
+"""The state a statement runs against: the tables, the advisory locks, the server's clock
+and identity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .server import AdvisoryLocks, ServerSession
+from .tables import RAN, RunRow, Tables
+
+__all__ = ["Database", "Params"]
+
+#: A statement's parameters, by the names its SQL gives them.
+Params = Mapping[str, Any]
+
+
+@dataclass
+class Database:
+    """One server's state. ``now`` is what the SQL's ``now()`` and ``clock_timestamp()``
+    answer (one instant per statement: the caller sets it); ``identity`` what
+    ``server_identity`` reads (system identifier, timeline)."""
+
+    now: datetime
+    tables: Tables = field(default_factory=Tables)
+    locks: AdvisoryLocks = field(default_factory=AdvisoryLocks)
+    identity: tuple[int, int] = (0, 1)
+
+    def runs_reached(self, namespace: str, job: str, limit: int, mine: list[object]) -> bool:
+        """``replicron_runs_reached(namespace, job, limit, mine)``."""
+        count = self.tables.pruned_runs.get((namespace, job), 0)
+        for row in self.tables.rows_of(namespace, job):
+            if row.manual or (row.claim_token is not None and row.claim_token in mine):
+                continue
+            if row.outcome in RAN or (row.outcome is None and self._counts_running(row)):
+                count += 1
+        return count >= limit
+
+    def _counts_running(self, row: RunRow) -> bool:
+        lock = self.tables.job_locks.get((row.namespace, row.job))
+        return (
+            row.started_at is None
+            or self.locks.is_held(row.backend_pid, row.lock_key)
+            or (lock is not None and lock.run_id == row.run_id)
+        )
+
+    def session_ended(self, session: ServerSession) -> None:
+        session.closed = True
+        self.locks.session_ended(session)
+
+
+def interval(value: object) -> timedelta:
+    """A parameter cast to ``interval``: replicron sends a ``timedelta``."""
+    if not isinstance(value, timedelta):
+        raise TypeError(f"an interval parameter must be a timedelta, not {value!r}")
+    return value

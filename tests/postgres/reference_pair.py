@@ -1,0 +1,195 @@
+"""The reference ledger and a real PostgreSQL database side by side, on one clock.
+
+Each statement runs on both, by name, with the same parameters, in the same server session
+(a connection here, a :class:`ServerSession` there, with the same pid and session token);
+both answers come back normalised so that they compare equal exactly when the SQL and the
+model agree. The database's ``now()`` and ``clock_timestamp()`` answer the pair's clock: a
+schema of the test's own, first on the connections' search path, shadows them (production
+never sets such a path, and the SQL files are run as they ship).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import astuple
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import psycopg
+
+from replicron.postgres._reference import ORDERED, ReferenceLedger, StatementError
+from replicron.postgres._sql import queries
+
+#: The schema whose now() and clock_timestamp() answer the test's clock.
+CLOCK_SCHEMA = "replicron_test_clock"
+_CLOCK = f"""
+CREATE SCHEMA {CLOCK_SCHEMA};
+CREATE FUNCTION {CLOCK_SCHEMA}.now() RETURNS timestamptz LANGUAGE sql STABLE AS
+    $$ SELECT current_setting('replicron_test.now')::timestamptz $$;
+CREATE FUNCTION {CLOCK_SCHEMA}.clock_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS
+    $$ SELECT current_setting('replicron_test.now')::timestamptz $$;
+ALTER TABLE replicron_runs ALTER COLUMN claimed_at SET DEFAULT {CLOCK_SCHEMA}.now();
+ALTER TABLE replicron_replicas ALTER COLUMN started_at SET DEFAULT {CLOCK_SCHEMA}.now();
+ALTER TABLE replicron_replicas ALTER COLUMN last_seen SET DEFAULT {CLOCK_SCHEMA}.now();
+ALTER TABLE replicron_paused ALTER COLUMN paused_at SET DEFAULT {CLOCK_SCHEMA}.now();
+"""
+
+#: Per statement, the columns that hold an array built from a data-modifying step's rows or
+#: a catalog's: their order is the server's to choose.
+UNORDERED_ARRAYS = {"heartbeat": (2, 3, 4), "lease_heartbeat": (1, 2, 3)}
+
+#: Every table the statements write, read back whole, in a fixed order.
+TABLES = {
+    "replicron_runs": "SELECT * FROM replicron_runs ORDER BY run_id",
+    "replicron_job_locks": "SELECT * FROM replicron_job_locks ORDER BY namespace, job",
+    "replicron_leaders": "SELECT * FROM replicron_leaders ORDER BY namespace",
+    "replicron_replicas": "SELECT * FROM replicron_replicas ORDER BY namespace, replica_id",
+    "replicron_paused": (
+        "SELECT namespace, job, paused_at, paused_by FROM replicron_paused ORDER BY namespace, job"
+    ),
+}
+
+
+def prepare(conninfo: str) -> None:
+    """The schema as it ships, and the test's clock beside it."""
+    schema = resources.files("replicron.postgres").joinpath("sql/schema.sql").read_text("utf-8")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(schema.encode())  # one file, as psql would run it
+        conn.execute(_CLOCK.encode())
+
+
+class Replica:
+    """One replica's server session on both sides: a connection and its model twin."""
+
+    def __init__(self, conninfo: str, ledger: ReferenceLedger) -> None:
+        self._conninfo = conninfo
+        self._ledger = ledger
+        self._connect()
+
+    def reconnect(self) -> None:
+        """A new server session on both sides (the old one ends: its locks go)."""
+        self.close()
+        self._connect()
+
+    def _connect(self) -> None:
+        self.token = uuid.uuid4().hex
+        self.conn = psycopg.connect(self._conninfo, autocommit=True)
+        self.conn.execute(f"SET search_path TO {CLOCK_SCHEMA}, pg_catalog, public")
+        self.conn.execute("SELECT set_config('replicron.session_token', %s, false)", [self.token])
+        [(pid,)] = self.conn.execute("SELECT pg_backend_pid()").fetchall()
+        self.session = self._ledger.connect(pid, **{"replicron.session_token": self.token})
+
+    @property
+    def pid(self) -> int:
+        return self.session.pid
+
+    def close(self) -> None:
+        # The server lets a closed session's locks go as its process exits, a moment later;
+        # the model at once. Let go first, so that the next statement finds them gone.
+        self.conn.execute("SELECT pg_advisory_unlock_all()")
+        self.conn.close()
+        self._ledger.disconnect(self.session)
+
+
+class Pair:
+    """The ledger and the database, and the replicas' sessions on both."""
+
+    def __init__(self, conninfo: str, now: datetime, replicas: int) -> None:
+        prepare(conninfo)
+        self._conninfo = conninfo
+        self._queries = queries()
+        with psycopg.connect(conninfo) as conn:
+            [self._identity] = conn.execute(
+                "SELECT (SELECT system_identifier FROM pg_control_system()),"
+                " ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
+            ).fetchall()
+        self.ledger = ReferenceLedger(now)
+        self.ledger.db.identity = self._identity
+        self.replicas = [Replica(conninfo, self.ledger) for _ in range(replicas)]
+
+    def reset(self, now: datetime) -> None:
+        """Both sides empty again, at ``now``, with new server sessions."""
+        self.close()
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            conn.execute(f"TRUNCATE {', '.join(TABLES)}, replicron_pruned_runs")
+            conn.execute("ALTER SEQUENCE replicron_runs_run_id_seq RESTART")
+        self.ledger = ReferenceLedger(now)
+        self.ledger.db.identity = self._identity
+        self.replicas = [Replica(self._conninfo, self.ledger) for _ in self.replicas]
+
+    @property
+    def now(self) -> datetime:
+        return self.ledger.db.now
+
+    def at(self, now: datetime) -> None:
+        self.ledger.db.now = now
+
+    def run(self, name: str, on: Replica, params: dict[str, Any]) -> tuple[Any, Any]:
+        """Statement ``name`` on both sides: (the database's answer, the model's), each rows
+        or ``("error", sqlstate)``."""
+        return self._on_the_database(name, on, params), self._on_the_model(name, on, params)
+
+    def _on_the_database(self, name: str, on: Replica, params: dict[str, Any]) -> Any:
+        on.conn.execute(
+            "SELECT set_config('replicron_test.now', %s, false)", [self.now.isoformat()]
+        )
+        try:
+            cursor = on.conn.execute(self._queries[name], params)
+        except psycopg.Error as exc:
+            return ("error", exc.sqlstate)
+        rows = cursor.fetchall() if cursor.description is not None else []
+        return normalised(name, [tuple(row) for row in rows])
+
+    def _on_the_model(self, name: str, on: Replica, params: dict[str, Any]) -> Any:
+        try:
+            rows = self.ledger.execute(name, on.session, params)
+        except StatementError as exc:
+            return ("error", exc.sqlstate)
+        return normalised(name, rows)
+
+    def tables(self) -> tuple[dict[str, list[tuple[Any, ...]]], dict[str, list[tuple[Any, ...]]]]:
+        """Every table on both sides: (the database's, the model's)."""
+        conn = self.replicas[0].conn
+        database = {name: [tuple(row) for row in conn.execute(sql)] for name, sql in TABLES.items()}
+        t = self.ledger.db.tables
+        model = {
+            "replicron_runs": [astuple(row) for _, row in sorted(t.runs.items())],
+            "replicron_job_locks": [astuple(lock) for _, lock in sorted(t.job_locks.items())],
+            "replicron_leaders": [astuple(lease) for _, lease in sorted(t.leaders.items())],
+            "replicron_replicas": [astuple(r) for _, r in sorted(t.replicas.items())],
+            "replicron_paused": [(*key, *value) for key, value in sorted(t.paused.items())],
+        }
+        return database, model
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+
+def normalised(name: str, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Rows as a comparison needs them: arrays whose order is the server's sorted, rows in
+    a multiset sorted where the statement fixes no order."""
+    arrays = UNORDERED_ARRAYS.get(name, ())
+    fixed = [
+        tuple(
+            sorted(value) if at in arrays and value is not None else value
+            for at, value in enumerate(row)
+        )
+        for row in rows
+    ]
+    return fixed if name in ORDERED else sorted(fixed, key=repr)
+
+
+def rows_apart(
+    database: dict[str, list[tuple[Any, ...]]], model: dict[str, list[tuple[Any, ...]]]
+) -> Iterator[str]:
+    """Where the two sides' tables differ, one line each."""
+    for table in TABLES:
+        ours, theirs = model[table], database[table]
+        for at in range(max(len(ours), len(theirs))):
+            one = theirs[at] if at < len(theirs) else None
+            other = ours[at] if at < len(ours) else None
+            if one != other:
+                yield f"{table}[{at}]: database {one!r}\n{' ' * len(table)}     model    {other!r}"
