@@ -34,6 +34,8 @@ ALTER TABLE replicron_runs ALTER COLUMN claimed_at SET DEFAULT {CLOCK_SCHEMA}.no
 ALTER TABLE replicron_replicas ALTER COLUMN started_at SET DEFAULT {CLOCK_SCHEMA}.now();
 ALTER TABLE replicron_replicas ALTER COLUMN last_seen SET DEFAULT {CLOCK_SCHEMA}.now();
 ALTER TABLE replicron_paused ALTER COLUMN paused_at SET DEFAULT {CLOCK_SCHEMA}.now();
+ALTER TABLE replicron_run_requests
+    ALTER COLUMN requested_at SET DEFAULT {CLOCK_SCHEMA}.clock_timestamp();
 """
 
 #: Per statement, the columns that hold an array built from a data-modifying step's rows or
@@ -49,6 +51,9 @@ TABLES = {
     "replicron_paused": (
         "SELECT namespace, job, paused_at, paused_by FROM replicron_paused ORDER BY namespace, job"
     ),
+    "replicron_jobs": "SELECT * FROM replicron_jobs ORDER BY namespace, job, replica_id",
+    "replicron_run_requests": "SELECT * FROM replicron_run_requests ORDER BY request_id",
+    "replicron_pruned_runs": "SELECT * FROM replicron_pruned_runs ORDER BY namespace, job",
 }
 
 
@@ -113,8 +118,9 @@ class Pair:
         """Both sides empty again, at ``now``, with new server sessions."""
         self.close()
         with psycopg.connect(self._conninfo, autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {', '.join(TABLES)}, replicron_pruned_runs")
+            conn.execute(f"TRUNCATE {', '.join(TABLES)}")
             conn.execute("ALTER SEQUENCE replicron_runs_run_id_seq RESTART")
+            conn.execute("ALTER SEQUENCE replicron_run_requests_request_id_seq RESTART")
         self.ledger = ReferenceLedger(now)
         self.ledger.db.identity = self._identity
         self.replicas = [Replica(self._conninfo, self.ledger) for _ in self.replicas]
@@ -160,6 +166,9 @@ class Pair:
             "replicron_leaders": [astuple(lease) for _, lease in sorted(t.leaders.items())],
             "replicron_replicas": [astuple(r) for _, r in sorted(t.replicas.items())],
             "replicron_paused": [(*key, *value) for key, value in sorted(t.paused.items())],
+            "replicron_jobs": [astuple(r) for _, r in sorted(t.registrations.items())],
+            "replicron_run_requests": [astuple(r) for r in t.run_requests],
+            "replicron_pruned_runs": [(*key, runs) for key, runs in sorted(t.pruned_runs.items())],
         }
         return database, model
 

@@ -29,8 +29,8 @@ from tests.postgres.reference_pair import Pair, Replica, rows_apart
 
 Mode = Literal["advisory", "lease"]
 
-SEEDS = int(os.environ.get("REPLICRON_REFERENCE_SEEDS", "12"))
-STEPS = 70
+SEEDS = int(os.environ.get("REPLICRON_REFERENCE_SEEDS", "20"))
+STEPS = 100
 JOBS = ("alpha", "beta", "gamma")
 LIMITED = {"gamma": 2}
 NAMESPACE = "default"
@@ -78,6 +78,9 @@ class Sequence:
             (1, self.reads),
             (1, self.pause_or_resume),
             (1, self.leadership),
+            (1, self.membership),
+            (2, self.registry),
+            (0.5, self.retention),
         ]
 
     def next(self) -> tuple[str, int, dict[str, Any]]:
@@ -275,6 +278,75 @@ class Sequence:
         name = self.rng.choice(["leader_lease", "leader_now", "leader_resign"])
         return name, {"replica": f"r{replica}", "leader_lease": timedelta(seconds=10)}
 
+    def membership(self, replica: int) -> tuple[str, dict[str, Any]]:
+        name = self.rng.choice(
+            [
+                "other_modes",
+                "replica_joined",
+                "replica_stopped",
+                "replicas_staying",
+                "server_identity",
+            ]
+        )
+        params: dict[str, Any] = {"replica": f"r{replica}", "stale_after": STALE_AFTER}
+        if name == "other_modes":
+            params["coordination"] = self.rng.choice(["advisory", "lease"])
+        if name == "replica_joined":
+            params["since"] = self.pair.now - timedelta(milliseconds=self.rng.randint(0, 5000))
+        return name, params
+
+    def registry(self, replica: int) -> tuple[str, dict[str, Any]]:
+        keep = timedelta(minutes=10)
+        choice = self.rng.random()
+        if choice < 0.4:
+            return "run_requests", {"jobs": self.rng.sample(JOBS, 2), "keep": keep}
+        if choice < 0.7:
+            job = self.rng.choice(JOBS)
+            return "request_run", {"job": job, "by": f"r{replica}", "keep": keep}
+        jobs = self.rng.sample(JOBS, self.rng.randint(0, 3))
+        fingerprints = [self.rng.choice(["f1", "f2"]) for _ in jobs]
+        latest = self.latest_registrations(f"r{replica}")
+        if latest and self.rng.random() < 0.5:  # the jobs of the replica seen last, redefined
+            jobs = [job for job, _ in latest]
+            fingerprints = [{"f1": "f2", "f2": "f1"}[fingerprint] for _, fingerprint in latest]
+        return "announce", {
+            "replica": f"r{replica}",
+            "stale_after": STALE_AFTER,
+            "complete": self.rng.random() < 0.5,
+            "jobs": jobs,
+            "triggers": [f"every(5 s) of {job}" for job in jobs],
+            "fingerprints": fingerprints,
+            "graces": [timedelta(seconds=self.rng.choice([1, 30])) for _ in jobs],
+            "expected": [
+                "{" + ",".join(t.isoformat() for t in self.ticks()[-2:]) + "}" for _ in jobs
+            ],
+            "removed": self.rng.sample(JOBS, self.rng.randint(0, 1)),
+        }
+
+    def latest_registrations(self, besides: str) -> list[tuple[str, str]]:
+        """The jobs and fingerprints of the replica other than ``besides`` seen last."""
+        tables = self.pair.ledger.db.tables
+        seen = sorted(
+            (r for r in tables.replicas.values() if r.replica_id != besides),
+            key=lambda r: r.last_seen,
+        )
+        if not seen:
+            return []
+        last = seen[-1].replica_id
+        return sorted(
+            (r.job, r.fingerprint) for r in tables.registrations.values() if r.replica_id == last
+        )
+
+    def retention(self, replica: int) -> tuple[str, dict[str, Any]]:
+        retention = timedelta(seconds=self.rng.choice([20, 60, 600]))
+        if self.rng.random() < 0.3:
+            return "prune_registry", {"retention": retention}
+        return "prune", {
+            "retention": retention,
+            "requests_keep": timedelta(seconds=self.rng.choice([30, 600])),
+            "batch": 1000,
+        }
+
     # ---- what the answers teach ----------------------------------------------------------
 
     def learn(self, name: str, replica: int, answer: Any) -> None:
@@ -365,6 +437,14 @@ def _what_it_met(name: str, answer: Any) -> Iterator[str]:
             yield f"{name}: written over abandoned"
         if any(unlocked):
             yield f"{name}: unlocked"
+    if name == "prune" and answer[0][0] > 0:
+        yield f"{name}: deleted"
+    if name == "announce" and answer:
+        yield f"{name}: drift"
+    if name == "run_requests" and answer:
+        yield f"{name}: pending"
+    if name == "other_modes" and answer:
+        yield f"{name}: found"
     if name == "record_missed_ranges" and answer:
         yield f"{name}: recorded"
     if name in ("abandon_stale", "lease_abandon_stale") and answer:
@@ -382,6 +462,10 @@ MUST_MEET = {
         "record_unclaimed: error 23514",
         "abandon_stale: abandoned",
         "record_missed_ranges: recorded",
+        "prune: deleted",
+        "announce: drift",
+        "run_requests: pending",
+        "other_modes: found",
     },
     "lease": {
         *(f"lease_claim: {status}" for status in _CLAIMED),

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from . import claims, cluster, liveness, outcomes
+from . import claims, cluster, liveness, outcomes, registry
 from .database import Database, Params
 from .server import ServerSession
 from .tables import JobLockRow, LeaderRow, ReplicaRow, RunRow, StatementError, Tables
@@ -58,6 +58,16 @@ STATEMENTS: dict[str, Statement] = {
     "last_finishes": cluster.last_finishes,
     "database_clock": cluster.database_clock,
     "clock_sample": cluster.clock_sample,
+    "other_modes": registry.other_modes,
+    "replica_joined": registry.replica_joined,
+    "replica_stopped": registry.replica_stopped,
+    "replicas_staying": registry.replicas_staying,
+    "announce": registry.announce,
+    "run_requests": registry.run_requests,
+    "request_run": registry.request_run,
+    "prune": registry.prune,
+    "prune_registry": registry.prune_registry,
+    "server_identity": registry.server_identity,
 }
 
 #: The statements whose rows come in an order the SQL fixes (ORDER BY, or one row); the
@@ -77,6 +87,12 @@ ORDERED = frozenset(
         "leader_now",
         "database_clock",
         "clock_sample",
+        "replicas_staying",
+        "announce",
+        "run_requests",
+        "request_run",
+        "prune",
+        "server_identity",
     }
 )
 

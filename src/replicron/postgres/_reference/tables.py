@@ -12,7 +12,9 @@ __all__ = [
     "RAN",
     "JobLockRow",
     "LeaderRow",
+    "RegistrationRow",
     "ReplicaRow",
+    "RunRequestRow",
     "RunRow",
     "StatementError",
     "Tables",
@@ -118,6 +120,31 @@ class ReplicaRow:
 
 
 @dataclass
+class RegistrationRow:
+    """A row of ``replicron_jobs``: a job as one replica schedules it."""
+
+    namespace: str
+    job: str
+    replica_id: str
+    trigger: str
+    fingerprint: str
+    grace: timedelta
+    expected: list[datetime]
+    last_seen: datetime
+
+
+@dataclass
+class RunRequestRow:
+    """A row of ``replicron_run_requests``."""
+
+    request_id: int
+    namespace: str
+    job: str
+    requested_at: datetime
+    requested_by: str
+
+
+@dataclass
 class Tables:
     """Every table the coordination statements read or write, with the keys PostgreSQL
     enforces on them. A statement works on the tables in place and, where the SQL reads its
@@ -135,13 +162,21 @@ class Tables:
     paused: dict[tuple[str, str], tuple[datetime, str]] = field(default_factory=dict)
     #: ``replicron_pruned_runs``: (namespace, job) -> runs.
     pruned_runs: dict[tuple[str, str], int] = field(default_factory=dict)
+    registrations: dict[tuple[str, str, str], RegistrationRow] = field(default_factory=dict)
+    run_requests: list[RunRequestRow] = field(default_factory=list)
     #: The last value ``replicron_runs_run_id_seq`` handed out.
     last_run_id: int = 0
+    last_request_id: int = 0
 
     def next_run_id(self) -> int:
         """``nextval``: drawn for every row an insert tries, whether or not it lands."""
         self.last_run_id += 1
         return self.last_run_id
+
+    def delete(self, run_id: int) -> None:
+        row = self.runs.pop(run_id)
+        del self.ticks[(row.namespace, row.job, row.scheduled_at)]
+        self.by_job[(row.namespace, row.job)].discard(run_id)
 
     def row_at(self, namespace: str, job: str, tick: datetime) -> RunRow | None:
         run_id = self.ticks.get((namespace, job, tick))
