@@ -115,6 +115,10 @@ class ReferenceLedger:
         self._sessions[pid] = session
         return session
 
+    def sessions(self) -> list[ServerSession]:
+        """The server sessions open now."""
+        return list(self._sessions.values())
+
     def disconnect(self, session: ServerSession) -> None:
         """The session ends (closed, or its connection lost): its advisory locks go."""
         self._sessions.pop(session.pid, None)
