@@ -6,7 +6,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from unittest import mock
@@ -39,7 +39,6 @@ class Outcome:
     violations: list[str]
     trace: list[str]
     statements: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -152,9 +151,10 @@ class _Simulation:
         }
 
     def _outcomes_written(self) -> list[str]:
-        """Each run that returned on a replica still up at the end had its outcome brought
-        to the server: written (succeeded), or refused there because a janitor had written
-        the row off first (its replica could not renew it for a lease's length)."""
+        """I6 for runs: each run that returned on a replica still up at the end had its
+        outcome brought to the server: written (succeeded), or refused there because a
+        janitor had written the row off first (its replica could not renew it for a lease's
+        length). Else its record says abandoned though its holder lived."""
         found = []
         rows = self.rows_by_tick()
         living = {r.name for r in self.replicas if not r.process.dead}
@@ -168,7 +168,7 @@ class _Simulation:
                 continue
             outcome = None if row is None else row.outcome
             found.append(
-                f"I5: {run} returned, but its outcome never reached the server ({outcome!r})"
+                f"I6: {run} returned, but its outcome never reached the server ({outcome!r})"
             )
         return found
 
@@ -177,9 +177,7 @@ class _Simulation:
         its job was running at its instant (recorded skipped_overlap): none is lost to a
         replica's leftovers (a lock, an open row, a stale belief) from the faults."""
         found = []
-        rows = {
-            (row.job, row.scheduled_at): row for row in self.server.ledger.db.tables.runs.values()
-        }
+        rows = self.rows_by_tick()
         calm = self.world.instant(CHAOS + RECOVERY), self.world.instant(CHAOS + CALM - 15)
         for job, tick in _ticks(*calm):
             row = rows.get((job, tick))
@@ -237,19 +235,38 @@ def _connector(sim: _Simulation) -> Any:
     return connect
 
 
+class _Told(logging.Handler):
+    """The replicas' warnings, into the trace with the replica that said them."""
+
+    def __init__(self, sim: _Simulation) -> None:
+        super().__init__(logging.WARNING)
+        self._sim = sim
+
+    def emit(self, record: logging.LogRecord) -> None:
+        process = self._sim.world.current
+        who = process.name if process is not None else "-"
+        self._sim.note(f"{who} says: {record.getMessage()}")
+
+
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The replicas' logs are the simulation's business, not the terminal's."""
+def _logs_into(sim: _Simulation) -> Iterator[None]:
+    """The replicas' logs are the simulation's business, not the terminal's: their warnings
+    go into the trace."""
     logger = logging.getLogger("replicron")
     asyncio_logger = logging.getLogger("asyncio")
-    levels = logger.level, asyncio_logger.level
-    logger.setLevel(logging.CRITICAL + 1)
+    told = _Told(sim)
+    saved = logger.level, logger.propagate, asyncio_logger.level
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    logger.addHandler(told)
     asyncio_logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
-        logger.setLevel(levels[0])
-        asyncio_logger.setLevel(levels[1])
+        logger.removeHandler(told)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        asyncio_logger.setLevel(saved[2])
 
 
 def simulate(
@@ -261,17 +278,14 @@ def simulate(
     faults = _Faults(sim)
     with (
         sim.world.installed(seed),
-        _quiet(),
+        _logs_into(sim),
         mutated(mutation),
         mock.patch.object(psycopg.AsyncConnection, "connect", _connector(sim)),
     ):
         for index in range(REPLICAS):
             sim.replica(index)
 
-        def after_each() -> None:
-            faults.due()
-
-        sim.world.run_until(CHAOS + CALM, after_each)
+        sim.world.run_until(CHAOS + CALM, faults.due)
         violations = sim.final_checks()
         for process in sim.world.processes:
             process.end()

@@ -28,5 +28,5 @@ def test_a_seed_gives_the_same_trace_every_time() -> None:
 def test_a_release_that_forgets_its_outcomes_is_found() -> None:
     # Seed 9 is the first of the generic generator's seeds to find it.
     outcome = simulate(9, "advisory", "release_loses_outcomes")
-    assert any(v.startswith("I5:") for v in outcome.violations), outcome.report()
+    assert any("never reached the server" in v for v in outcome.violations), outcome.report()
     assert simulate(9, "advisory").ok
