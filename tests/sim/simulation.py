@@ -15,8 +15,9 @@ import psycopg
 
 from replicron.postgres._reference import RunRow
 
+from .activity import Activity
 from .mutations import mutated
-from .replica import JOBS, Activity, Mode, Replica
+from .replica import JOBS, Mode, Replica
 from .server import Server
 from .world import World
 
@@ -179,7 +180,7 @@ class _Simulation:
         found = []
         rows = self.rows_by_tick()
         calm = self.world.instant(CHAOS + RECOVERY), self.world.instant(CHAOS + CALM - 15)
-        for job, tick in _ticks(*calm):
+        for job, tick in _ticks(*calm, self.activity):
             row = rows.get((job, tick))
             if (job, tick) not in self.activity.started_ticks and not (
                 row is not None
@@ -190,13 +191,28 @@ class _Simulation:
                 found.append(f"liveness: {job}@{tick:%H:%M:%S} did not run: {what}")
         return found
 
+    def _limits(self) -> list[str]:
+        """max_runs holds across the cluster: no more runs than that ever start."""
+        found = []
+        for job in JOBS:
+            if job.max_runs is None:
+                continue
+            started = [
+                run for (name, _), run in self.activity.started_ticks.items() if name == job.name
+            ]
+            if len(started) > job.max_runs:
+                found.append(
+                    f"max_runs: {job.name} started {len(started)} runs, past its {job.max_runs}"
+                )
+        return found
+
     def final_checks(self) -> list[str]:
         found = list(self.activity.violations)
+        found += self._limits()
         rows = self.server.ledger.db.tables.runs.values()
         recorded = {(row.job, row.scheduled_at) for row in rows}
-        for job, tick in _ticks(
-            START + timedelta(seconds=20), self.world.instant(CHAOS + CALM - 30)
-        ):
+        recordable = START + timedelta(seconds=20), self.world.instant(CHAOS + CALM - 30)
+        for job, tick in _ticks(*recordable, self.activity):
             if (job, tick) not in recorded:
                 found.append(f"I6: {job}@{tick:%H:%M:%S} has no record")
         found += self._calm_liveness()
@@ -214,11 +230,15 @@ class _Simulation:
         return found
 
 
-def _ticks(first: datetime, last: datetime) -> Iterator[tuple[str, datetime]]:
-    """Every tick of every job from ``first`` through ``last``."""
+def _ticks(first: datetime, last: datetime, activity: Activity) -> Iterator[tuple[str, datetime]]:
+    """Every tick of every job from ``first`` through ``last``; a job with ``max_runs`` has
+    none after the tick of its last run, once it ran them all."""
     for job in JOBS:
         step = timedelta(seconds=job.every)
         tick = START + step * math.ceil((first - START) / step)
+        ran = sorted(t for name, t in activity.started_ticks if name == job.name)
+        if job.max_runs is not None and len(ran) >= job.max_runs:
+            last = min(last, ran[job.max_runs - 1])
         while tick <= last:
             yield job.name, tick
             tick += step
@@ -269,6 +289,17 @@ def _logs_into(sim: _Simulation) -> Iterator[None]:
         asyncio_logger.setLevel(saved[2])
 
 
+@contextlib.contextmanager
+def _silenced() -> Iterator[None]:
+    """What the replicas say as the world ends (their tasks cancelled) is nobody's business."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
 def simulate(
     seed: int, mode: Mode, mutation: str | None = None, statements: bool = False
 ) -> Outcome:
@@ -278,16 +309,16 @@ def simulate(
     faults = _Faults(sim)
     with (
         sim.world.installed(seed),
-        _logs_into(sim),
         mutated(mutation),
         mock.patch.object(psycopg.AsyncConnection, "connect", _connector(sim)),
     ):
-        for index in range(REPLICAS):
-            sim.replica(index)
-
-        sim.world.run_until(CHAOS + CALM, faults.due)
-        violations = sim.final_checks()
-        for process in sim.world.processes:
-            process.end()
+        with _logs_into(sim):
+            for index in range(REPLICAS):
+                sim.replica(index)
+            sim.world.run_until(CHAOS + CALM, faults.due)
+            violations = sim.final_checks()
+        with _silenced():
+            for process in sim.world.processes:
+                process.end()
     trace = sorted(sim.trace + sim.activity.lines, key=lambda line: float(line.split()[0]))
     return Outcome(seed, mode, violations, trace, sim.server.statements)

@@ -26,7 +26,27 @@ def test_a_seed_gives_the_same_trace_every_time() -> None:
 
 
 def test_a_release_that_forgets_its_outcomes_is_found() -> None:
-    # Seed 9 is the first of the generic generator's seeds to find it.
-    outcome = simulate(9, "advisory", "release_loses_outcomes")
+    # Seed 0 is the first of the generic generator's seeds to find it.
+    outcome = simulate(0, "lease", "release_loses_outcomes")
     assert any("never reached the server" in v for v in outcome.violations), outcome.report()
-    assert simulate(9, "advisory").ok
+    assert simulate(0, "lease").ok
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (docs/protocol.md): a run whose lock was taken over is not counted "
+    "against max_runs until a janitor writes it off",
+)
+def test_a_run_whose_lock_was_taken_over_still_counts_against_max_runs() -> None:
+    outcome = simulate(56, "lease")
+    assert not [v for v in outcome.violations if v.startswith("max_runs")], outcome.report()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (docs/protocol.md): the ticks of a limited job missed before its last "
+    "run go unrecorded when the claim of that run commits first",
+)
+def test_the_ticks_a_limited_job_missed_before_its_last_run_are_recorded() -> None:
+    outcome = simulate(167, "advisory")
+    assert not [v for v in outcome.violations if v.startswith("I6")], outcome.report()

@@ -78,16 +78,18 @@ class Process:
         self.dead = False
 
     def due(self) -> float | None:
-        """When this process has something to do next (None: nothing, or it cannot run)."""
-        if self.dead or (self.frozen_until is not None and self.frozen_until > self.world.now):
+        """When this process has something to do next (None: nothing, or never again)."""
+        if self.dead:
             return None
+        # A frozen process does nothing until it is thawed, then whatever fell due meanwhile.
+        earliest = max(self.world.now, self.frozen_until or 0.0)
         loop: Any = self.loop
         if loop._ready:
-            return self.world.now
+            return earliest
         while loop._scheduled and loop._scheduled[0]._cancelled:
             heapq.heappop(loop._scheduled)._scheduled = False
         if loop._scheduled:
-            return max(self.world.now, float(loop._scheduled[0]._when))
+            return max(earliest, float(loop._scheduled[0]._when))
         return None
 
     def step(self) -> None:
