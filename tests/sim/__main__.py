@@ -17,7 +17,12 @@ MODES = ("advisory", "lease")
 
 def _run(job: tuple[int, Any, str | None, bool]) -> Outcome:
     seed, mode, mutation, statements = job
-    return simulate(seed, mode, mutation, statements)
+    outcome = simulate(seed, mode, mutation, statements)
+    if mutation is not None and not outcome.ok:
+        # Found by the mutation only where the same seed without it keeps the invariant.
+        known = set(simulate(seed, mode).violations)
+        outcome.violations = [v for v in outcome.violations if v not in known]
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:

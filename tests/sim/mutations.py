@@ -4,15 +4,51 @@ its generic fault generator (``bash scripts/simulate --mutation NAME``)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 from unittest import mock
 
+from replicron._engine.capacity import Spreader
+from replicron._engine.leadership import Leadership
 from replicron._engine.retries import Retries
 from replicron.postgres._writes import OutcomeWrites
 
 __all__ = ["MUTATIONS", "mutated"]
+
+
+@contextlib.contextmanager
+def _edited(owner: type, name: str, old: str, new: str) -> Iterator[None]:
+    """``owner.name`` as its source reads with ``old`` (which must be there) made ``new``:
+    the fix taken out again, line for line."""
+    function = owner.__dict__[name]
+    source = textwrap.dedent(inspect.getsource(function))
+    if old not in source:
+        raise AssertionError(f"{owner.__name__}.{name} no longer reads {old!r}")
+    namespace = dict(vars(sys.modules[function.__module__]))
+    exec(compile(source.replace(old, new), inspect.getfile(function), "exec"), namespace)
+    with mock.patch.object(owner, name, namespace[name]):
+        yield
+
+
+def _takeover_drops_ticks_let_go() -> contextlib.AbstractContextManager[None]:
+    """A standby taking the leader lease over does not claim the leader-mode ticks it let go
+    ahead of their instant (claims are planned ahead): nobody records them."""
+    return _edited(
+        Leadership,
+        "step",
+        "immediate += [tick for tick in self._ahead if self.led(tick.job)]",
+        "pass",
+    )
+
+
+def _spreader_keeps_a_tick_twice() -> contextlib.AbstractContextManager[None]:
+    """A tick given twice to the spreader (due, and found by a starting replica's catch-up)
+    is kept twice: the second counts as a newer tick replacing the first."""
+    return _edited(Spreader, "split", "pending = list(dict.fromkeys(pending))", "pass")
 
 
 @contextlib.contextmanager
@@ -47,6 +83,8 @@ def _failed_claim_drops_ticks() -> Iterator[None]:
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "release_loses_outcomes": _release_loses_outcomes,
     "failed_claim_drops_ticks": _failed_claim_drops_ticks,
+    "takeover_drops_ticks_let_go": _takeover_drops_ticks_let_go,
+    "spreader_keeps_a_tick_twice": _spreader_keeps_a_tick_twice,
 }
 
 

@@ -36,7 +36,7 @@ JOBS = (
     Job("often", 2.0, (0.0, 1.5)),
     Job("long", 5.0, (2.0, 7.5)),
     Job("limited", 3.0, (0.0, 2.0), max_runs=12),
-    Job("led", 4.0, (0.0, 3.0), leader=True),
+    Job("led", 1.0, (0.0, 0.5), leader=True),
 )
 
 
