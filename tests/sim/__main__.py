@@ -10,19 +10,16 @@ import time
 from typing import Any
 
 from .mutations import MUTATIONS
-from .simulation import Outcome, simulate
+from .simulation import Outcome, found_by, simulate
 
 MODES = ("advisory", "lease")
 
 
 def _run(job: tuple[int, Any, str | None, bool]) -> Outcome:
     seed, mode, mutation, statements = job
-    outcome = simulate(seed, mode, mutation, statements)
-    if mutation is not None and not outcome.ok:
-        # Found by the mutation only where the same seed without it keeps the invariant.
-        known = set(simulate(seed, mode).violations)
-        outcome.violations = [v for v in outcome.violations if v not in known]
-    return outcome
+    if mutation is None:
+        return simulate(seed, mode, None, statements)
+    return found_by(mutation, seed, mode, statements)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from .replica import JOBS, Mode, Replica
 from .server import Server
 from .world import World
 
-__all__ = ["Outcome", "simulate"]
+__all__ = ["Outcome", "found_by", "simulate"]
 
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 #: Faults happen in the first part; then every replica runs undisturbed long enough for a
@@ -343,3 +343,13 @@ def simulate(
                 process.end()
     trace = sorted(sim.trace + sim.activity.lines, key=lambda line: float(line.split()[0]))
     return Outcome(seed, mode, violations, trace, sim.server.statements)
+
+
+def found_by(mutation: str, seed: int, mode: Mode, statements: bool = False) -> Outcome:
+    """``seed`` with ``mutation`` put back, keeping only the violations the same seed does
+    not show without it: what the fault itself breaks."""
+    outcome = simulate(seed, mode, mutation, statements)
+    if not outcome.ok:
+        known = set(simulate(seed, mode).violations)
+        outcome.violations = [v for v in outcome.violations if v not in known]
+    return outcome

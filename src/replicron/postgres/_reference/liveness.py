@@ -142,20 +142,11 @@ def lease_abandon_stale(db: Database, session: ServerSession, p: Params) -> list
             row.lease_until = None
             row.error = f"replica {row.replica_id} stopped renewing its lease"
             gone.append(row)
-    abandoned = {row.run_id for row in gone}
-    for lock in db.tables.job_locks.values():
-        if lock.namespace == namespace and lock.run_id in abandoned:
-            lock.run_id = lock.replica_id = lock.lease_until = None
+    db.tables.free_locks(namespace, (row.run_id for row in gone))
     return [(row.job, row.scheduled_at, row.replica_id) for row in gone]
 
 
 def lease_free(db: Database, session: ServerSession, p: Params) -> list[tuple[Any, ...]]:
     """``lease.sql:lease_free``."""
     namespace, replica = str(p["namespace"]), str(p["replica"])
-    run_ids: list[int] = list(p["run_ids"])
-    freed = []
-    for lock in db.tables.job_locks.values():
-        if lock.namespace == namespace and lock.run_id in run_ids and lock.replica_id == replica:
-            lock.run_id = lock.replica_id = lock.lease_until = None
-            freed.append((lock.job,))
-    return freed
+    return [(lock.job,) for lock in db.tables.free_locks(namespace, p["run_ids"], replica)]

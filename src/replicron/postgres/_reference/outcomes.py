@@ -120,11 +120,6 @@ def lease_release(db: Database, session: ServerSession, p: Params) -> list[tuple
     targets = _targets(db, p, ended)
     namespace = str(p["namespace"])
     unlock_runs: list[int] = list(p["unlock_runs"])
-    to_free = [
-        lock
-        for lock in db.tables.job_locks.values()
-        if lock.namespace == namespace and lock.run_id in unlock_runs
-    ]
     written, found = _record(
         db,
         ended,
@@ -136,10 +131,7 @@ def lease_release(db: Database, session: ServerSession, p: Params) -> list[tuple
     for e, ok in zip(ended, written, strict=True):
         if ok:
             targets[e.n].lease_until = None
-    freed = set()
-    for lock in to_free:
-        freed.add(lock.run_id)
-        lock.run_id = lock.replica_id = lock.lease_until = None
+    freed = {lock.run_id for lock in db.tables.free_locks(namespace, unlock_runs)}
     return [(written, found, [run_id in freed for run_id in unlock_runs])]
 
 
@@ -205,7 +197,7 @@ def record_unclaimed(db: Database, session: ServerSession, p: Params) -> list[tu
         row.finished_at = now
         row.heartbeat_at = row.lease_until = None
         closed.append(row)
-    _free_locks_of(db, namespace, {row.run_id for row in closed})
+    db.tables.free_locks(namespace, (row.run_id for row in closed))
     answer: list[tuple[Any, ...]] = [(job, tick, "recorded") for job, tick in inserted]
     answer += [(row.job, row.scheduled_at, "recorded") for row in closed]
     answer += [
@@ -233,7 +225,7 @@ def close_lost_claims(db: Database, session: ServerSession, p: Params) -> list[t
     for row in closed:
         row.outcome, row.error, row.finished_at = "missed", _LOST_CLAIM, now
         row.heartbeat_at = row.lease_until = None
-    _free_locks_of(db, namespace, {row.run_id for row in closed})
+    db.tables.free_locks(namespace, (row.run_id for row in closed))
     return [(row.job, row.scheduled_at) for row in closed]
 
 
@@ -251,12 +243,6 @@ def _check_before_writing(
         if outcome is not None and outcome not in OUTCOMES:
             db.tables.last_run_id += len(inserting)
             check_outcome(outcome)
-
-
-def _free_locks_of(db: Database, namespace: str, run_ids: set[int]) -> None:
-    for lock in db.tables.job_locks.values():
-        if lock.namespace == namespace and lock.run_id in run_ids:
-            lock.run_id = lock.replica_id = lock.lease_until = None
 
 
 def record_missed_ranges(db: Database, session: ServerSession, p: Params) -> list[tuple[Any, ...]]:

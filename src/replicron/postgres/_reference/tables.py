@@ -3,6 +3,7 @@ keys the SQL relies on, and the run id sequence."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
@@ -197,6 +198,24 @@ class Tables:
         self.runs[row.run_id] = row
         self.by_job.setdefault((row.namespace, row.job), set()).add(row.run_id)
         return True
+
+    def free_locks(
+        self, namespace: str, run_ids: Iterable[int | None], replica: str | None = None
+    ) -> list[JobLockRow]:
+        """``UPDATE replicron_job_locks SET run_id = NULL, replica_id = NULL, lease_until =
+        NULL`` where the lock names one of ``run_ids`` (and, if given, ``replica``): the
+        lock rows freed, as they were named before."""
+        runs = set(run_ids)
+        freed = []
+        for lock in self.job_locks.values():
+            if (
+                lock.namespace == namespace
+                and lock.run_id in runs
+                and (replica is None or lock.replica_id == replica)
+            ):
+                freed.append(JobLockRow(**vars(lock)))
+                lock.run_id = lock.replica_id = lock.lease_until = None
+        return freed
 
     def in_a_range(self, namespace: str, job: str, tick: datetime) -> bool:
         """Whether a range of missed ticks of the job holds ``tick`` after its first."""
