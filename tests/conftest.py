@@ -26,7 +26,8 @@ from tests.helpers import summary_recorder
 TESTS = Path(__file__).resolve().parent
 #: The folders of tests that run real processes in real time, and their markers.
 REAL_TIME = {"acceptance": ("slow",), "browser": ("slow",), "faults": ("slow", "faults")}
-SUMMARY = pytest.StashKey[dict[str, list[str]]]()
+#: The name of the user property that carries a summary line in a test's report.
+SUMMARY_PROPERTY = "replicron summary"
 
 
 def suite_of(path: Path) -> str:
@@ -48,14 +49,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
     """Record a scenario's summary line: printed now (captured) and at the end of the run,
-    in its suite's section."""
-    sections = request.config.stash.setdefault(SUMMARY, {})
-    record = summary_recorder(sections.setdefault(f"{suite_of(request.path)} summary", []))
+    in its suite's section. The line travels in the test's report, so that a test run in a
+    worker process (``-n``) has it printed by the process that reports."""
+    section = f"{suite_of(request.path)} summary"
+    record = summary_recorder([])
     callspec = getattr(request.node, "callspec", None)
     mode = None if callspec is None else callspec.params.get("coordination")
-    if mode is None:
-        return record
-    return lambda line: record(f"({mode} mode) {line}")  # a test run in both modes says which
+    prefix = "" if mode is None else f"({mode} mode) "  # a test run in both modes says which
+
+    def add(line: str) -> None:
+        record(prefix + line)
+        request.node.user_properties.append((SUMMARY_PROPERTY, (section, prefix + line)))
+
+    return add
 
 
 @pytest.hookimpl(wrapper=True)
@@ -71,7 +77,16 @@ def pytest_runtest_makereport(
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    for section, lines in config.stash.get(SUMMARY, {}).items():
+    sections: dict[str, list[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in report.user_properties:
+                if name == SUMMARY_PROPERTY:
+                    section, line = value
+                    sections.setdefault(section, []).append(line)
+    for section, lines in sections.items():
         terminalreporter.section(section)
         for line in lines:
             terminalreporter.write_line(line)

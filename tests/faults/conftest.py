@@ -1,9 +1,10 @@
 """Fixtures of the fault-injection suite: its own PostgreSQL cluster, pgbouncers, a network
 namespace, a fresh database per test, and replica processes.
 
-Session-scoped (started once, torn down at the end even when tests fail): ``pg`` (the cluster,
-port 55432 or the next free one), ``pgbouncers`` (transaction and session mode, ports 56432
-and 56532 or the next free ones; started only if a test asks), and the network namespace.
+Session-scoped (started once, torn down at the end even when tests fail): ``pg`` (the cluster),
+``pgbouncers`` (transaction and session mode; started only if a test asks), and the network
+namespace, each on ports and addresses chosen for the session, so that sessions can run side
+by side.
 Per test: ``coordination`` (the replicas' mode: ``"advisory"``, or each mode in turn for a
 test marked ``@both_modes`` from :mod:`tests.faults.fleet`), ``db`` (a fresh database, dropped
 with its sessions afterwards), ``netns`` (healed after the test), ``replicas`` (a
@@ -39,7 +40,7 @@ from tests.faults.fleet import Fleet
 from tests.faults.netns import NetworkNamespace
 from tests.faults.pooler import PgBouncer, PgBouncers, PoolMode
 from tests.faults.prereqs import postgres_bin, require
-from tests.faults.workdir import free_port, suite_directory
+from tests.faults.workdir import NAMESPACE_FILE, free_port, suite_directory
 
 # ---- session: the machinery ------------------------------------------------------------------
 
@@ -57,9 +58,11 @@ def suite_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def namespace(suite_dir: Path) -> Iterator[NetworkNamespace]:
-    """The replica namespace and its link (created after the suite lock is held)."""
+    """The replica namespace and its link, named after the session's directory."""
     require("root", "ip", "nft")
-    ns = NetworkNamespace()
+    tag = "".join(c for c in suite_dir.name.removeprefix("run-") if c.isalnum())[:8]
+    ns = NetworkNamespace(tag)
+    (suite_dir / NAMESPACE_FILE).write_text(ns.name)  # for whoever clears it after a crash
     ns.create()
     try:
         yield ns
@@ -73,7 +76,7 @@ def pg(suite_dir: Path, namespace: NetworkNamespace) -> Iterator[PgCluster]:
     bindir = postgres_bin()
     assert bindir is not None
     listen = ["127.0.0.1", namespace.host_address]
-    cluster = PgCluster(suite_dir, bindir, port=free_port(55432, listen), listen=listen)
+    cluster = PgCluster(suite_dir, bindir, port=free_port(listen), listen=listen)
     try:
         cluster.init()
         cluster.start()
@@ -87,18 +90,18 @@ def pgbouncers(suite_dir: Path, pg: PgCluster, namespace: NetworkNamespace) -> I
     """pgbouncer in transaction mode and in session mode, both in front of ``pg``."""
     require("pgbouncer")
     listen = ["127.0.0.1", namespace.host_address]
-    modes: tuple[tuple[PoolMode, int, bool], ...] = (
-        ("transaction", 56432, False),
-        ("session", 56532, False),
-        ("transaction", 56632, True),
+    modes: tuple[tuple[PoolMode, bool], ...] = (
+        ("transaction", False),
+        ("session", False),
+        ("transaction", True),
     )
     started = []
     try:
-        for mode, preferred, round_robin in modes:
+        for mode, round_robin in modes:
             bouncer = PgBouncer(
                 suite_dir,
                 pool_mode=mode,
-                port=free_port(preferred, listen),
+                port=free_port(listen),
                 server_port=pg.port,
                 listen=listen,
                 round_robin=round_robin,

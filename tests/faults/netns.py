@@ -1,9 +1,11 @@
 """A network namespace for one replica, and a kernel-level partition of it.
 
-The namespace is joined to the host by a veth pair in 10.213.0.0/30: the host side is
-10.213.0.1 (the suite's PostgreSQL and pgbouncers listen there too), the namespace side
-10.213.0.2. A replica started with :meth:`NetworkNamespace.command` reaches the cluster at
-10.213.0.1 only through that link.
+The namespace is joined to the host by a veth pair in a /30 of 10.213.0.0/16 that no
+interface of the machine has yet, chosen as the session starts (:meth:`NetworkNamespace.
+create`): the host side is its first address (the session's PostgreSQL and pgbouncers
+listen there too), the namespace side its second. A replica started with
+:meth:`NetworkNamespace.command` reaches the cluster only through that link. Names and
+addresses are the session's own, so two sessions can run side by side.
 
 :meth:`partition` loads an nftables table *inside the namespace* whose input and output
 chains drop everything but loopback. Packets vanish in both directions, so neither end sees
@@ -14,10 +16,20 @@ removes the table and the very same connections carry on.
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import subprocess
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["NetworkNamespace", "NetworkNamespaceError"]
+__all__ = ["NetworkNamespace", "NetworkNamespaceError", "destroy_namespace"]
+
+#: The addresses sessions choose their links in, one /30 each.
+_SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+#: Held while a session chooses and takes its /30, so that two starting at once cannot both
+#: find the same one free.
+_CHOOSING_LOCK = Path(tempfile.gettempdir()) / "replicron-faults-netns.lock"
 
 _PARTITION_TABLE = "replicron_partition"
 _INPUT_CHAIN = """
@@ -51,86 +63,115 @@ def _run(command: Sequence[str], *, stdin: str | None = None, check: bool = True
     return result.stdout
 
 
-class NetworkNamespace:
-    """The namespace ``name`` with a veth link to the host. Fixed names and addresses: one
-    suite per machine at a time (the suite lock in :mod:`tests.faults.workdir` sees to it)."""
+def _host_link(name: str) -> str:
+    return f"{name}h"  # interface names have at most 15 characters
 
-    def __init__(
-        self,
-        name: str = "replicron-faults",
-        *,
-        host_link: str = "rcfaults-host",
-        namespace_link: str = "rcfaults-ns",
-        host_address: str = "10.213.0.1",
-        namespace_address: str = "10.213.0.2",
-        prefix_length: int = 30,
-    ) -> None:
-        self.name = name
-        self.host_link = host_link
-        self.namespace_link = namespace_link
-        self.host_address = host_address
-        self.namespace_address = namespace_address
+
+def destroy_namespace(name: str) -> None:
+    """Remove the namespace ``name`` and its link (idempotent: missing pieces are fine).
+    Deleting the host end of a veth pair deletes both ends, and the namespace's nft table
+    goes with the namespace."""
+    if not name:
+        return
+    if _host_link(name) in _run(["ip", "-o", "link", "show"], check=False):
+        _run(["ip", "link", "del", _host_link(name)], check=False)
+    if name in _run(["ip", "netns", "list"], check=False).split():
+        _run(["ip", "netns", "del", name], check=False)
+
+
+def _addresses_in_use() -> set[ipaddress.IPv4Address]:
+    listing = _run(["ip", "-o", "-4", "addr", "show"], check=False)
+    return {
+        ipaddress.IPv4Interface(fields[fields.index("inet") + 1]).ip
+        for fields in (line.split() for line in listing.splitlines())
+        if "inet" in fields
+    }
+
+
+class NetworkNamespace:
+    """A namespace named after ``tag`` (a few letters or digits, the session's own) with a
+    veth link to the host in a /30 nobody uses, chosen by :meth:`create`."""
+
+    def __init__(self, tag: str, *, prefix_length: int = 30) -> None:
+        self.name = f"rcf{tag}"
+        self.host_link = _host_link(self.name)
+        self.namespace_link = f"{self.name}n"
         self.prefix_length = prefix_length
+        self.host_address = ""
+        self.namespace_address = ""
         self.partitioned = False
 
     # ---- life cycle ------------------------------------------------------------------------
 
     def create(self) -> None:
-        """Create the namespace and its link, removing leftovers of a crashed run first."""
-        self.destroy()
-        try:
-            _run(["ip", "netns", "add", self.name])
-            _run(
-                [
-                    "ip",
-                    "link",
-                    "add",
-                    self.host_link,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    self.namespace_link,
-                    "netns",
-                    self.name,
-                ]
+        """Create the namespace and its link in a free /30."""
+        destroy_namespace(self.name)
+        with _CHOOSING_LOCK.open("a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            in_use = _addresses_in_use()
+            subnet = next(
+                (
+                    net
+                    for net in _SUBNETS.subnets(new_prefix=self.prefix_length)
+                    if not in_use.intersection(net)
+                ),
+                None,
             )
-            _run(
-                [
-                    "ip",
-                    "addr",
-                    "add",
-                    f"{self.host_address}/{self.prefix_length}",
-                    "dev",
-                    self.host_link,
-                ]
-            )
-            _run(["ip", "link", "set", self.host_link, "up"])
-            self.exec(
-                [
-                    "ip",
-                    "addr",
-                    "add",
-                    f"{self.namespace_address}/{self.prefix_length}",
-                    "dev",
-                    self.namespace_link,
-                ]
-            )
-            self.exec(["ip", "link", "set", self.namespace_link, "up"])
-            self.exec(["ip", "link", "set", "lo", "up"])
-        except BaseException:
-            self.destroy()
-            raise
+            if subnet is None:
+                raise NetworkNamespaceError(f"no free /{self.prefix_length} in {_SUBNETS}")
+            host, inside = list(subnet.hosts())[:2]
+            self.host_address, self.namespace_address = str(host), str(inside)
+            try:
+                self._create_link()
+            except BaseException:
+                self.destroy()
+                raise
+
+    def _create_link(self) -> None:
+        _run(["ip", "netns", "add", self.name])
+        _run(
+            [
+                "ip",
+                "link",
+                "add",
+                self.host_link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.namespace_link,
+                "netns",
+                self.name,
+            ]
+        )
+        _run(
+            [
+                "ip",
+                "addr",
+                "add",
+                f"{self.host_address}/{self.prefix_length}",
+                "dev",
+                self.host_link,
+            ]
+        )
+        _run(["ip", "link", "set", self.host_link, "up"])
+        self.exec(
+            [
+                "ip",
+                "addr",
+                "add",
+                f"{self.namespace_address}/{self.prefix_length}",
+                "dev",
+                self.namespace_link,
+            ]
+        )
+        self.exec(["ip", "link", "set", self.namespace_link, "up"])
+        self.exec(["ip", "link", "set", "lo", "up"])
 
     def destroy(self) -> None:
-        """Remove the namespace and the link (idempotent: missing pieces are fine). Deleting
-        the host end of a veth pair deletes both ends, and the namespace's nft table goes
-        with the namespace."""
+        """Remove the namespace and the link (idempotent)."""
         self.partitioned = False
-        if self.host_link in _run(["ip", "-o", "link", "show"], check=False):
-            _run(["ip", "link", "del", self.host_link], check=False)
-        if self.name in _run(["ip", "netns", "list"], check=False).split():
-            _run(["ip", "netns", "del", self.name], check=False)
+        destroy_namespace(self.name)
 
     # ---- running things inside -------------------------------------------------------------
 

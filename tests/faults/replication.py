@@ -37,14 +37,14 @@ SLOT = "replicron_standby"
 
 
 class ReplicatedPair:
-    """A primary and its standby under ``workdir``, on two free ports from ``first_port``."""
+    """A primary and its standby under ``workdir``, on two free ports."""
 
-    def __init__(
-        self, workdir: Path, bindir: Path, *, synchronous: bool, first_port: int = 57432
-    ) -> None:
+    def __init__(self, workdir: Path, bindir: Path, *, synchronous: bool) -> None:
         self.workdir, self.bindir, self.synchronous = workdir, bindir, synchronous
-        first = free_port(first_port, ["127.0.0.1"])
-        second = free_port(first + 1, ["127.0.0.1"])
+        first = free_port()
+        second = free_port()
+        while second == first:
+            second = free_port()
         self.ports = (first, second)
         self.primary = self._cluster(0)
         self.standby: PgCluster | None = None

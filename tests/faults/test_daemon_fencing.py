@@ -116,7 +116,7 @@ def test_a_lost_lease_kills_the_command_group_before_another_replica_starts_it(
     daemons: Daemons, netns: NetworkNamespace, db: Database, tmp_path: Path, summary: Summary
 ) -> None:
     lines_path = tmp_path / "lines.jsonl"
-    b_http = ("127.0.0.1", free_port(19464))
+    b_http = ("127.0.0.1", free_port())
     a_dsn = db.cluster.dsn(db.name, host=netns.host_address)  # only through the namespace link
     # ---- A runs the command (program + grandchild); B stands by ----------------------
     daemons.start(

@@ -1,4 +1,5 @@
-"""Leader mode under real faults, in both coordination modes: three replicas, every job a
+"""Leader mode under real faults (advisory mode; the simulator kills and freezes leaders in
+both modes, docs/protocol.md section 10): three replicas, every job a
 leader-mode job. The leader killed outright (SIGKILL): another takes over within stale_after
 (plus a margin for a loaded host), and catches up what fell due meanwhile; nothing runs twice,
 nothing overlaps, every tick has a row. The leader frozen (SIGSTOP) past its lease: another
@@ -16,7 +17,7 @@ import pytest
 
 from tests.faults.analysis import Analysis, Window, assert_invariants
 from tests.faults.cluster import Database
-from tests.faults.fleet import Fleet, both_modes
+from tests.faults.fleet import Fleet
 
 Summary = Callable[[str], None]
 HEARTBEAT, STALE = 0.5, 1.5  # the replicas' heartbeat_interval and stale_after
@@ -84,7 +85,6 @@ def frozen_run_ends_at_the_freeze(
     return dataclasses.replace(analysis, overlaps=others)
 
 
-@both_modes
 @pytest.mark.timeout(180)
 def test_the_leader_killed_another_takes_over_within_stale_after(
     replicas: Fleet, db: Database, summary: Summary
@@ -115,7 +115,6 @@ def test_the_leader_killed_another_takes_over_within_stale_after(
     assert after == {successor}, "only the new leader claims once it leads"
 
 
-@both_modes
 @pytest.mark.timeout(180)
 def test_the_leader_frozen_past_its_lease_claims_nothing_once_woken(
     replicas: Fleet, db: Database, summary: Summary

@@ -36,9 +36,7 @@ def pgbouncer(suite_dir: Path, pg: PgCluster) -> Iterator[PgBouncer]:
     workdir = suite_dir / f"outage-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
     chown_postgres(workdir)
-    bouncer = PgBouncer(
-        workdir, pool_mode="transaction", port=free_port(57432), server_port=pg.port
-    )
+    bouncer = PgBouncer(workdir, pool_mode="transaction", port=free_port(), server_port=pg.port)
     bouncer.start()
     try:
         yield bouncer

@@ -1,7 +1,8 @@
 """Faults of the lock session and the server: a session terminated while an outcome is
-written or while idle, every session terminated, the server restarted, the server down for
-seconds. After each, the job is not wedged, no tick is lost without a row, nothing overlaps
-and no lock is left held."""
+written, every session terminated, the server restarted, the answers to a replica lost. After
+each, the job is not wedged, no tick is lost without a row, nothing overlaps and no lock is
+left held. (A session terminated while idle, the server down for seconds and lost answers in
+row-lease mode are the simulator's: docs/protocol.md, section 10.)"""
 
 from __future__ import annotations
 
@@ -119,34 +120,6 @@ def test_lock_session_terminated_while_the_outcome_is_written(
     assert len(later) >= 2, "the job stopped running after its outcome could not be written"
 
 
-@both_modes
-@pytest.mark.timeout(120)
-def test_lock_session_terminated_while_idle_loses_no_tick(
-    replicas: Fleet, db: Database, summary: Summary
-) -> None:
-    """Every replica's lock session terminated 600 ms after a tick, three times: the next tick
-    is claimed on a new session and runs."""
-    for replica_id in ("r1", "r2"):
-        replicas.start(replica_id, jobs=2, every_s=1, task_ms=50)
-    ready = replicas.wait_ready(["r1", "r2"])
-    start = max(ready.values()) + 0.5
-    for _ in range(3):
-        tick_mono = _next_whole_second_mono() + 0.6
-        time.sleep(max(0.0, tick_mono - time.monotonic()))
-        for replica_id in ("r1", "r2"):
-            pid = db.lock_session_pid(replica_id)
-            if pid is not None:
-                db.rows("SELECT pg_terminate_backend(%s)", (pid,))
-    analysis, codes = finish(replicas, start, time.monotonic() + 3)
-    unrun = len(analysis.unrun)
-    summary(
-        f"[failed claim x3: idle sessions killed 600 ms after a tick] {analysis} | "
-        f"ticks not run={unrun} outcomes={outcomes(analysis)} exit={codes}"
-    )
-    assert unrun == 0, analysis.unrun
-
-
-@both_modes
 @pytest.mark.timeout(120)
 def test_claims_whose_answers_are_lost_leave_no_open_row(
     replicas: Fleet, netns: NetworkNamespace, summary: Summary
@@ -181,7 +154,7 @@ def _next_whole_second_mono() -> float:
 
 @both_modes
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("fault", ["terminate all sessions", "server restart", "server down 4 s"])
+@pytest.mark.parametrize("fault", ["terminate all sessions", "server restart"])
 def test_server_faults_leave_every_tick_recorded(
     replicas: Fleet, db: Database, pg: PgCluster, summary: Summary, fault: str
 ) -> None:
@@ -193,12 +166,8 @@ def test_server_faults_leave_every_tick_recorded(
     hit = time.monotonic()
     if fault == "terminate all sessions":
         db.terminate_all()
-    elif fault == "server restart":
-        pg.restart()
     else:
-        pg.stop()
-        time.sleep(4)
-        pg.start()
+        pg.restart()
     back = time.monotonic()
     analysis, codes = finish(replicas, start, back + 4)
     after = runs_after(analysis, back + 1.5)

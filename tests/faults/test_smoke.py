@@ -212,7 +212,7 @@ def test_cluster_terminate_restart_stop_and_start(pg: PgCluster, db: Database) -
 
 @pytest.mark.timeout(90)
 def test_replicas_start_in_the_namespace_under_faketime_and_through_pgbouncer(
-    replicas: Fleet, db: Database
+    replicas: Fleet, db: Database, netns: NetworkNamespace
 ) -> None:
     """Each way of starting a replica reaches the cluster the way it should, with the clock it
     should have. (Whether skewed replicas keep the promises is for the scenarios to say.)"""
@@ -223,7 +223,7 @@ def test_replicas_start_in_the_namespace_under_faketime_and_through_pgbouncer(
     replicas.start("all-three", jobs=2, in_namespace=True, faketime="-10s", via="session")
     replicas.wait_ready(ids)
     sessions = {app: addr for _, app, addr in db.sessions()}
-    assert sessions["replicron inside"] == "10.213.0.2"  # straight from the namespace
+    assert sessions["replicron inside"] == netns.namespace_address  # straight from it
     assert sessions["replicron ahead"] == "127.0.0.1"
     assert sessions["replicron pooled"] == "127.0.0.1"  # pgbouncer's own address
     assert sessions["replicron all-three"] == "127.0.0.1"

@@ -1,11 +1,12 @@
-"""The suite's working directory and its lock: one fault-injection session per machine.
+"""The suite's working directory: one directory per fault-injection session, and no lock
+between sessions.
 
-The network namespace has fixed names and addresses, so two sessions at once would trample
-each other. A session holds an exclusive ``flock`` on ``/tmp/replicron-faults/.lock`` from
-start to end; the kernel drops it when the process dies, however it dies. Whatever a session
-finds under the directory while holding the lock was left by a crashed session (a
-``kill -9``'d pytest cannot tear down): its PostgreSQL and pgbouncers are stopped and its
-files removed before anything new starts.
+Each session has its own directory under ``/tmp/replicron-faults``, its own ports and its own
+network namespace and addresses (:mod:`tests.faults.netns`), so two sessions can run side by
+side. A session holds an exclusive ``flock`` on its directory's ``.lock`` from start to end;
+the kernel drops it when the process dies, however it dies. A directory whose lock another
+session can take was left by a crashed session (a ``kill -9``'d pytest cannot tear down):
+its PostgreSQL, pgbouncers and namespace are removed before anything new starts.
 """
 
 from __future__ import annotations
@@ -18,14 +19,24 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["BASE", "as_postgres", "chown_postgres", "free_port", "suite_directory"]
+from tests.faults.netns import destroy_namespace
+
+__all__ = [
+    "BASE",
+    "NAMESPACE_FILE",
+    "as_postgres",
+    "chown_postgres",
+    "free_port",
+    "suite_directory",
+]
 
 BASE = Path(tempfile.gettempdir()) / "replicron-faults"
-_LOCK_WAIT_S = 120.0
+#: The file in a session's directory naming its network namespace, for the session that
+#: clears it after a crash.
+NAMESPACE_FILE = "netns"
 
 
 def as_postgres(command: list[str]) -> list[str]:
@@ -39,15 +50,15 @@ def chown_postgres(path: Path) -> None:
 
 @contextlib.contextmanager
 def suite_directory(pg_ctl: Path) -> Iterator[Path]:
-    """Take the suite lock, clear what crashed sessions left, and yield a fresh directory
-    owned by postgres; remove it afterwards. ``pg_ctl`` stops stale clusters."""
+    """Clear what crashed sessions left, and yield a fresh directory owned by postgres,
+    locked for this session; remove it afterwards. ``pg_ctl`` stops stale clusters."""
     BASE.mkdir(mode=0o755, exist_ok=True)
     os.chmod(BASE, 0o755)  # postgres must traverse it
-    with (BASE / ".lock").open("a") as lock:
-        _lock(lock.fileno())
-        for stale in sorted(BASE.glob("run-*")):
-            _clear_stale(stale, pg_ctl)
-        path = Path(tempfile.mkdtemp(prefix="run-", dir=BASE))
+    for stale in sorted(BASE.glob("run-*")):
+        _clear_if_abandoned(stale, pg_ctl)
+    path = Path(tempfile.mkdtemp(prefix="run-", dir=BASE))
+    with (path / ".lock").open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # a new directory: nobody else holds it
         path.chmod(0o755)
         chown_postgres(path)
         try:
@@ -56,19 +67,18 @@ def suite_directory(pg_ctl: Path) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _lock(fd: int) -> None:
-    deadline = time.monotonic() + _LOCK_WAIT_S
-    while True:
+def _clear_if_abandoned(path: Path, pg_ctl: Path) -> None:
+    """Clear ``path`` if no live session holds its lock (or it never got one)."""
+    try:
+        lock = (path / ".lock").open("a")
+    except OSError:  # removed meanwhile by its own session, or not a directory
+        return
+    with lock:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"another fault-injection session has held {BASE}/.lock for "
-                    f"{_LOCK_WAIT_S:.0f} s; only one may run per machine"
-                ) from None
-            time.sleep(0.5)  # another session's whole run: nothing finer to wait on
+            return  # a live session's
+        _clear_stale(path, pg_ctl)
 
 
 def _clear_stale(path: Path, pg_ctl: Path) -> None:
@@ -87,20 +97,23 @@ def _clear_stale(path: Path, pg_ctl: Path) -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"pgbouncer" in cmdline and str(path).encode() in cmdline:
                 os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        destroy_namespace((path / NAMESPACE_FILE).read_text().strip())
     shutil.rmtree(path, ignore_errors=True)
 
 
-def free_port(preferred: int, addresses: Sequence[str] = ("127.0.0.1",)) -> int:
-    """``preferred``, or the next port after it that is free on every one of ``addresses``
-    (so that a service left running by someone else does not stop the suite)."""
-    for port in range(preferred, preferred + 100):
+def free_port(addresses: Sequence[str] = ("127.0.0.1",)) -> int:
+    """A port the kernel picks (from its ephemeral range, at random) that is free on every
+    one of ``addresses``: two sessions side by side do not pick the same one."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind((addresses[0], 0))
+            port = int(first.getsockname()[1])
         try:
-            for address in addresses:
+            for address in addresses[1:]:
                 with socket.socket() as probe:
-                    # As servers do: a port whose old connections linger in TIME_WAIT is free.
-                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                     probe.bind((address, port))
         except OSError:
             continue
         return port
-    raise RuntimeError(f"no free port in {preferred}..{preferred + 99}")
+    raise RuntimeError(f"no port free on all of {', '.join(addresses)} in 100 tries")
