@@ -399,3 +399,22 @@ def test_a_tick_let_go_of_a_job_removed_since_is_not_claimed_at_the_takeover() -
     immediate: list[Tick] = []
     leadership.step([], T[1] - timedelta(milliseconds=10), immediate)
     assert immediate == [Tick("led", T[1])]
+
+
+def test_a_term_won_during_a_step_claims_nothing_before_the_next_steps_catch_up() -> None:
+    """The term can pass to this replica while a step waits on its statements (a lease's
+    renewal runs beside the loop). That step still leaves the leader-mode ticks alone: the
+    next one catches the job up from the last leader's row first. Claimed at once, the
+    tick would be the ledger's latest, and the ticks between the last leader's and it,
+    which fell due without a leader, would never get a record."""
+    leader, _, leadership = standby("led", free="free")
+    before = T[1] - timedelta(milliseconds=50)
+    assert leadership.step([], before, []) == ([], {})  # r0 leads as the step begins
+    asyncio.run(leader.close())  # the term goes to r1 during the step's statements
+    decision = Decision(due=[Tick("led", T[1]), Tick("free", T[1])], missed=[Tick("led", T[0])])
+    assert leadership.sift([], decision) == [Tick("free", T[1])]
+    assert decision.missed == []
+    immediate: list[Tick] = []
+    catch_up, _ = leadership.step([], before + timedelta(milliseconds=10), immediate)
+    assert catch_up == ["led"]  # the catch-up of the next step, then the tick let go
+    assert immediate == [Tick("led", T[1])]

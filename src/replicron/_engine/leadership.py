@@ -99,6 +99,14 @@ class Leadership:
         lease = self._lease
         return self._contending and (lease is None or lease.leading())
 
+    def _leads_this_step(self) -> bool:
+        """Whether this replica claims leader-mode ticks in this step: it led when the step
+        began (and so caught the jobs up when it became the leader) and leads still. A
+        term won during the step's statements counts from the next step, whose catch-up
+        reads where the last leader stopped before any tick of the new term is claimed:
+        claimed first, a tick would hide the ones that fell due without a leader."""
+        return self._was_leading and self.leading()
+
     def step(
         self, catch_up: list[str], now: datetime, immediate: list[Tick]
     ) -> tuple[list[str], dict[str, datetime]]:
@@ -167,13 +175,13 @@ class Leadership:
         the decision's missed ticks to record, less the leader-mode jobs' unless this replica
         is the leader: a standby neither claims nor records them."""
         decision.missed = self._sifted(decision.missed)
-        if decision.older_missed and self._contending and not self.leading():
+        if decision.older_missed and self._contending and not self._leads_this_step():
             older = decision.older_missed.items()
             decision.older_missed = {job: span for job, span in older if not self.led(job)}
         return self._sifted(immediate + decision.due)
 
     def _sifted(self, ticks: list[Tick]) -> list[Tick]:
-        if not ticks or not self._contending or self.leading():
+        if not ticks or not self._contending or self._leads_this_step():
             return ticks
         kept: list[Tick] = []
         left = self._left
@@ -189,6 +197,6 @@ class Leadership:
     def sift_names(self, names: Iterable[str]) -> list[str]:
         """Jobs to catch up less the leader-mode ones, unless this replica is the leader
         (it catches them up as it becomes leader)."""
-        if not self._contending or self.leading():
+        if not self._contending or self._leads_this_step():
             return list(names)
         return [name for name in names if not self.led(name)]
