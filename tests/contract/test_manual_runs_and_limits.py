@@ -228,6 +228,41 @@ def test_ticks_of_a_job_past_its_max_runs_are_not_recorded_missed(backends: Back
     backends.run(main())
 
 
+def test_ticks_missed_before_the_run_that_reached_max_runs_are_recorded(
+    backends: Backends,
+) -> None:
+    # An outage: the ticks that fell due meanwhile are recorded after the current one is
+    # claimed. When that claim started the job's last run, the ticks before it were still
+    # ticks of the job, and each must get its record; those after it are not ticks.
+    async def main() -> None:
+        a, b = await backends.open(2)
+
+        def missed(n: int) -> RunRecord:
+            return RunRecord(
+                "report",
+                tick(n),
+                Outcome.MISSED,
+                "replica-1",
+                None,
+                None,
+                None,
+                "the backend was unreachable",
+                False,
+                2,
+            )
+
+        await succeed(backends, a, await limited(a, "report", 1, 2))
+        await succeed(backends, a, await limited(a, "report", 4, 2))  # the last run
+        assert await b.record_unclaimed([missed(2), missed(3), missed(5)]) == [
+            True,
+            True,
+            False,
+        ]
+        assert sorted(backends.recorded("report")) == [tick(n) for n in range(1, 5)]
+
+    backends.run(main())
+
+
 def test_abandoned_runs_count(backends: Backends) -> None:
     async def main() -> None:
         a, b = await backends.open(2)

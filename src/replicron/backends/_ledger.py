@@ -214,6 +214,13 @@ class Ledger:
         return bool(count >= limit)
 
     @staticmethod
+    def last_run(conn: sqlite3.Connection, job: str) -> int | None:
+        """The latest tick (microseconds) of ``job``'s scheduled runs, as
+        :meth:`runs_reached` counts them; None without any."""
+        [(tick,)] = conn.execute(sql("last_run"), {"job": job}).fetchall()
+        return None if tick is None else int(tick)
+
+    @staticmethod
     def running_elsewhere(
         conn: sqlite3.Connection, job: str, run_id: int, ended: Collection[int] = ()
     ) -> bool:

@@ -497,8 +497,10 @@ class EmbeddedBackend:
                 job, tick = record.job, to_micros(record.scheduled_at)
                 limit = None if record.manual else record.max_runs
                 if limit is not None and Ledger.runs_reached(conn, job, limit):
-                    answers.append(False)  # the job has run its max_runs: no more ticks
-                    continue
+                    last_run = Ledger.last_run(conn, job)
+                    if last_run is None or tick > last_run:
+                        answers.append(False)  # after its last run, the job has no more ticks
+                        continue
                 if record.through is not None:
                     span = (tick, to_micros(record.through), record.ticks)
                     starts = [to_micros(start) for start in record.starts] or [tick]

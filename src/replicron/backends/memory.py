@@ -76,6 +76,10 @@ class _JobState:
     last_tick: datetime | None = None  # of the trigger's ticks (not manual runs)
     # Scheduled runs claimed, less those recorded as not run: counted against max_runs.
     runs: int = 0
+    # The latest tick of a scheduled run claimed: once the job has run its max_runs, its
+    # ticks after this one are not ticks. (Kept when that run is recorded as not run, where
+    # PostgreSQL's and the embedded ledger's go back to the run before it.)
+    last_run: datetime | None = None
     history: deque[PackedRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_KEPT))
     # The outcome of a tick of the trigger, kept however many manual runs follow it: the
     # latest one is what a fixed-delay job's next tick follows.
@@ -259,6 +263,8 @@ class MemoryBackend:
                         job.lock_replica, job.lock_run_id = replica, run_id
                     if not manual:
                         job.runs += 1
+                        if job.last_run is None or tick > job.last_run:
+                            job.last_run = tick
                     add(_new(Claim, (name, tick, _CLAIMED, run_id, lock, manual)))
         return claims
 
@@ -320,8 +326,10 @@ class MemoryBackend:
                 job = self.state.job(record.job)
                 limit = record.max_runs
                 if limit is not None and not record.manual and job.runs >= limit:
-                    done.append(False)  # the job ran its max_runs: no more ticks
-                    continue
+                    last_run = job.last_run
+                    if last_run is None or record.scheduled_at > last_run:
+                        done.append(False)  # after its last run, the job has no more ticks
+                        continue
                 if record.through is None:
                     if self._take_tick(job, record.scheduled_at):
                         job.keep(record)

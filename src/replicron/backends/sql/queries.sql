@@ -90,6 +90,14 @@ FROM (
     LIMIT :limit
 );
 
+-- name: last_run
+-- The latest tick of the job's scheduled rows counted as runs (as runs_reached counts them).
+SELECT max(scheduled_at)
+FROM replicron_runs
+WHERE job = :job AND manual = 0
+  AND (outcome IS NULL
+       OR outcome IN (SELECT outcome FROM temp.replicron_ran_outcomes));
+
 -- name: started_runs_of_job
 -- The job's other started, unfinished runs: one may still be going (the overlap check).
 SELECT run_id, job, scheduled_at, replica_id, pid, pid_start

@@ -38,6 +38,18 @@ class Database:
                 count += 1
         return count >= limit
 
+    def last_run(self, namespace: str, job: str, mine: list[object]) -> datetime | None:
+        """The latest tick of ``job``'s scheduled rows that are runs or open, less the
+        caller's own tries (``record_unclaimed``'s ``finished.last_run``)."""
+        ticks = [
+            row.scheduled_at
+            for row in self.tables.rows_of(namespace, job)
+            if not row.manual
+            and not (row.claim_token is not None and row.claim_token in mine)
+            and (row.outcome is None or row.outcome in RAN)
+        ]
+        return max(ticks, default=None)
+
     def _counts_running(self, row: RunRow) -> bool:
         lock = self.tables.job_locks.get((row.namespace, row.job))
         return (

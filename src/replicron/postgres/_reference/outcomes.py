@@ -153,12 +153,17 @@ def record_unclaimed(db: Database, session: ServerSession, p: Params) -> list[tu
         if limit is not None:
             limits[job] = min(limits.get(job, limit), limit)
     finished = {
-        job
+        job: db.last_run(namespace, job, tokens)
         for job, limit in sorted(limits.items())
         if db.runs_reached(namespace, job, limit, tokens)
     }
     recordable_until = now + interval(p["ahead"])
-    due = [r for r in request if r[1] <= recordable_until and r[0] not in finished]
+    due = [
+        r
+        for r in request
+        if r[1] <= recordable_until
+        and not (r[0] in finished and (finished[r[0]] is None or r[1] > finished[r[0]]))
+    ]
     mine = [
         (r, row)
         for r in due

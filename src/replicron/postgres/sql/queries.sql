@@ -222,7 +222,8 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 -- name: record_unclaimed
 -- Record ticks nobody ran (missed) unless a replica already has the tick, but none not yet due
 -- by the database's clock ("early": this replica's clock runs ahead), nor any of a job that has
--- started its max_runs (it has no more ticks). A tick whose row this replica inserted with a
+-- started its max_runs after its last scheduled run (it has no more ticks; those before that run
+-- fell due while it had, and are recorded). A tick whose row this replica inserted with a
 -- claim whose answer was lost (same token, no outcome, or abandoned by a janitor though
 -- nothing ran) gets the outcome. Returns each tick this call (or an earlier try of it)
 -- recorded, and each early one.
@@ -234,7 +235,15 @@ WITH request AS MATERIALIZED (
 ), session AS MATERIALIZED (
     SELECT clock_timestamp() + %(ahead)s::interval AS recordable_until
 ), finished AS MATERIALIZED (
-    SELECT jobs.job
+    -- A job that has started its max_runs, and its last scheduled run (counted as
+    -- replicron_runs_reached counts them): its ticks after that one are not ticks.
+    SELECT jobs.job,
+           (SELECT max(run.scheduled_at) FROM replicron_runs run
+            WHERE run.namespace = %(namespace)s AND run.job = jobs.job AND NOT run.manual
+              AND NOT coalesce(run.claim_token = ANY(%(tokens)s::uuid[]), false)
+              AND (run.outcome IS NULL
+                   OR run.outcome IN ('succeeded', 'failed', 'timed_out', 'abandoned')))
+               AS last_run
     FROM (
         SELECT job, min(max_runs) AS max_runs FROM request
         WHERE max_runs IS NOT NULL
@@ -245,7 +254,10 @@ WITH request AS MATERIALIZED (
 ), due AS MATERIALIZED (
     SELECT request.* FROM request, session
     WHERE scheduled_at <= session.recordable_until
-      AND request.job NOT IN (SELECT job FROM finished)
+      AND NOT EXISTS (
+          SELECT 1 FROM finished
+          WHERE finished.job = request.job
+            AND request.scheduled_at > coalesce(finished.last_run, '-infinity'))
 ), inserted AS (
     INSERT INTO replicron_runs
         (namespace, job, scheduled_at, replica_id, finished_at, outcome, error, claim_token)
