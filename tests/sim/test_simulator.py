@@ -70,3 +70,11 @@ CLOSED_GAPS = [
 def test_the_seed_of_a_closed_gap_keeps_every_invariant(seed: int, mode: Mode) -> None:
     outcome = simulate(seed, mode)
     assert outcome.ok, outcome.report()
+
+
+def test_a_replica_cut_off_names_the_deadline_its_new_session_missed() -> None:
+    # Seed 120 cuts r1 off for 16.7 s: its new session has the reconnect deadline,
+    # min(connect_timeout, heartbeat_interval) = 5 s with the defaults, not connect_timeout.
+    said = [line for line in simulate(120, "advisory").trace if "no answer within" in line]
+    assert said, "the seed no longer cuts a replica off long enough"
+    assert all("no answer within 5 s (reconnect deadline)" in line for line in said), said

@@ -125,11 +125,14 @@ class _RolledBack(BackendUnavailableError):
     session is fine and the statement may run again."""
 
 
-def connect_failure(what: str, exc: BaseException, timeout: float) -> str:
+def connect_failure(
+    what: str, exc: BaseException, timeout: float, bound: str = "connect_timeout"
+) -> str:
     """``what`` failed, and why: the error's text, or what its type means where it has none
-    (the connection's own deadline raises a bare ``TimeoutError``)."""
+    (the connection's own deadline raises a bare ``TimeoutError``: ``timeout`` seconds, the
+    setting or deadline named ``bound``)."""
     if isinstance(exc, TimeoutError) and not str(exc):
-        reason = f"no answer within {timeout:g} s (connect_timeout)"
+        reason = f"no answer within {timeout:g} s ({bound})"
     else:
         reason = str(exc) or type(exc).__name__
     return f"{what}: {reason}"
@@ -302,9 +305,16 @@ class LockSession:
         except (psycopg.Error, TimeoutError, OSError) as exc:
             self.connect_failed_at = time.monotonic()
             scrub(exc, self.conninfo)  # libpq may quote the connection string
-            raise _CannotConnect(connect_failure(what, exc, self.connect_timeout)) from exc
+            raise _CannotConnect(connect_failure(what, exc, *self._connect_bound())) from exc
         self.connect_failed_at = None
         return conn
+
+    def _connect_bound(self) -> tuple[float, str]:
+        """The deadline a connection being made had, and its name: the first one, the
+        connect timeout; a new one once one was lost, the reconnect deadline where shorter."""
+        if self.generation == 0 or self.connect_timeout <= self.reconnect_deadline:
+            return self.connect_timeout, "connect_timeout"
+        return self.reconnect_deadline, "reconnect deadline"
 
     async def _set_up(self, conn: psycopg.AsyncConnection[Any], token: str, until: float) -> int:
         """Make the server session's settings and mark it with ``token``, in one round trip;
