@@ -56,7 +56,21 @@ class Database:
             row.started_at is None
             or self.locks.is_held(row.backend_pid, row.lock_key)
             or (lock is not None and lock.run_id == row.run_id)
+            or self._written_off_but_in_name(row)
         )
+
+    def _written_off_but_in_name(self, row: RunRow) -> bool:
+        """What a janitor would record abandoned: a row whose lease ran out, or (advisory)
+        whose replica's heartbeats are stale by that replica's own ``stale_after``."""
+        if row.lease_until is not None and row.lease_until < self.now:
+            return True
+        if row.backend_pid is None:
+            return False
+        seen = self.tables.replicas.get((row.namespace, row.replica_id))
+        if seen is None or seen.stale_after is None:
+            return False
+        last = row.heartbeat_at if row.heartbeat_at is not None else row.claimed_at
+        return last < self.now - seen.stale_after
 
     def session_ended(self, session: ServerSession) -> None:
         session.closed = True

@@ -194,17 +194,20 @@ $$;
 
 -- Whether a job has started p_limit scheduled runs, for the claim of a job with max_runs:
 -- its rows recorded as run (succeeded, failed, timed_out, abandoned), the pruned ones
--- (replicron_pruned_runs), and its open rows that are runs: claimed without the lock, or
--- whose job's lock is theirs (its server session holds the advisory lock, or the job's lock
--- row names the run: a namespace has one mode at a time, and each mode leaves the other's
--- evidence empty, so the caller need not say its mode). An open row refused the lock (recorded
--- skipped_overlap by its claimant at once), or whose claim's answer was lost with its session,
--- is not counted, nor are the rows of the caller's own tries whose answers were lost (p_mine:
--- their claim tokens; nothing ran them); manual runs are not. Claims of one job count one
--- after another: a
--- transaction-level advisory lock (two-key space, apart from the jobs' run locks), held until
--- the claim commits. VOLATILE, so the count reads a snapshot taken after that lock: it sees
--- the rows of a claim that committed while this one waited.
+-- (replicron_pruned_runs), and its open rows that are runs: claimed without the lock; whose
+-- job's lock is theirs (its server session holds the advisory lock, or the job's lock row
+-- names the run: a namespace has one mode at a time, and each mode leaves the other's
+-- evidence empty, so the caller need not say its mode); or that a janitor would write off
+-- abandoned (row lease: the row's lease ran out; advisory: its replica's heartbeats went
+-- stale by that replica's stale_after), so that a run whose replica died counts from then
+-- on, not only once a janitor came by. A fresh open row refused the lock (recorded
+-- skipped_overlap by its claimant at once), or whose claim's answer was lost with its
+-- session, is not counted, nor are the rows of the caller's own tries whose answers were
+-- lost (p_mine: their claim tokens; nothing ran them); manual runs are not. Claims of one
+-- job count one after another: a transaction-level advisory lock (two-key space, apart from
+-- the jobs' run locks), held until the claim commits. VOLATILE, so the count reads a
+-- snapshot taken after that lock: it sees the rows of a claim that committed while this one
+-- waited.
 CREATE FUNCTION replicron_runs_reached(
     p_namespace text, p_job text, p_limit integer, p_mine uuid[]
 ) RETURNS boolean LANGUAGE sql VOLATILE AS $$
@@ -225,7 +228,16 @@ CREATE FUNCTION replicron_runs_reached(
                OR EXISTS (
                    SELECT 1 FROM replicron_job_locks held
                    WHERE held.namespace = run.namespace AND held.job = run.job
-                     AND held.run_id = run.run_id)));
+                     AND held.run_id = run.run_id)
+               -- Written off already in all but name: a janitor records it abandoned, a
+               -- run. Row lease: its lease ran out. Advisory: its replica's heartbeats are
+               -- stale by the replica's own stale_after (the lock is not held, above).
+               OR run.lease_until < now()
+               OR run.backend_pid IS NOT NULL AND EXISTS (
+                   SELECT 1 FROM replicron_replicas seen
+                   WHERE seen.namespace = run.namespace AND seen.replica_id = run.replica_id
+                     AND coalesce(run.heartbeat_at, run.claimed_at)
+                         < now() - seen.stale_after)));
 $$;
 
 -- The form replicas of before migration 0009 call, with their mode: the four-argument form
@@ -258,6 +270,7 @@ INSERT INTO replicron_migrations (version, name) VALUES
     (6, 'leader_lease'),
     (7, 'run_requests'),
     (8, 'missed_ranges'),
-    (9, 'advisory_locks');
+    (9, 'advisory_locks'),
+    (10, 'runs_reached_written_off');
 
 COMMIT;
