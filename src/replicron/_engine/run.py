@@ -80,7 +80,8 @@ class Run(RunContext):
         #: for a worker thread), and, if it came too late, why it was not run.
         self.start_by: datetime | None = None
         self.missed: str | None = None
-        #: Cut off (timed out, its lock lost) before a worker thread was free: never called.
+        #: Cut off (timed out, its lock lost) before a worker thread was free, or before its
+        #: async task's first step: never called.
         self.unstarted = False
 
     def event(self, outcome: Outcome | None, error: BaseException | None) -> RunEvent:
@@ -136,7 +137,12 @@ class Run(RunContext):
             deadline = self.deadline
             overrun = timedelta(0) if deadline is None else finished - deadline
             if self.unstarted:
-                self.cancel_detail = f"{self.cancel_detail}; no worker thread was free before"
+                before = (
+                    "no worker thread was free before"
+                    if self.task is None
+                    else "before its task started"
+                )
+                self.cancel_detail = f"{self.cancel_detail}; {before}"
             elif self.task is None and overrun > timedelta(0):
                 returned = f"the sync task returned {overrun} after it"
                 self.cancel_detail = f"{self.cancel_detail}; {returned}"

@@ -164,6 +164,7 @@ class RunExecutor:
         if spec.is_async:
             assert self._loop is not None
             run.task = self._loop.create_task(self._run_async(run))
+            run.task.add_done_callback(functools.partial(self._cut_off_before_it_began, run))
             self._started_async = True
             return
         self.sync.submit(run)
@@ -192,6 +193,15 @@ class RunExecutor:
             error = exc
         run.returned()
         self._finish(run, error, self.clock.now())
+
+    def _cut_off_before_it_began(self, run: Run, task: asyncio.Task[None]) -> None:
+        """A task cancelled before its first step never enters its coroutine, which is what
+        records the run (a replica frozen between a claim and its run's start, told at its
+        thaw that the lock is lost): recorded here, as a run that never started, rather
+        than heartbeated for as long as the replica lives."""
+        if task.cancelled() and not run.finished:
+            run.unstarted = True
+            self._finish(run, None, self.clock.now())
 
     # ---- cutting runs off --------------------------------------------------------------
 
