@@ -32,6 +32,13 @@ async def manual(handle: Backend, job: str, at: datetime, *, lock: bool = True) 
     return result
 
 
+def missed(job: str, n: int, max_runs: int | None, why: str = "no replica ran it") -> RunRecord:
+    """Tick ``n`` of ``job`` as a replica that could not run it records it."""
+    return RunRecord(
+        job, tick(n), Outcome.MISSED, "replica-1", None, None, None, why, False, max_runs
+    )
+
+
 async def limited(handle: Backend, job: str, n: int, max_runs: int, *, lock: bool = True) -> Claim:
     [result] = await handle.claim([ClaimRequest(job, tick(n), lock, max_runs=max_runs)])
     assert (result.job, result.scheduled_at, result.manual) == (job, tick(n), False)
@@ -203,20 +210,6 @@ def test_ticks_of_a_job_past_its_max_runs_are_not_recorded_missed(backends: Back
     async def main() -> None:
         a, b = await backends.open(2)
 
-        def missed(job: str, n: int, max_runs: int | None) -> RunRecord:
-            return RunRecord(
-                job,
-                tick(n),
-                Outcome.MISSED,
-                "replica-1",
-                None,
-                None,
-                None,
-                "no replica ran it",
-                False,
-                max_runs,
-            )
-
         assert await b.record_unclaimed([missed("report", 1, 2)]) == [True]  # not reached
         await succeed(backends, a, await limited(a, "report", 2, 2))
         await succeed(backends, a, await limited(a, "report", 3, 2))
@@ -237,23 +230,10 @@ def test_ticks_missed_before_the_run_that_reached_max_runs_are_recorded(
     async def main() -> None:
         a, b = await backends.open(2)
 
-        def missed(n: int) -> RunRecord:
-            return RunRecord(
-                "report",
-                tick(n),
-                Outcome.MISSED,
-                "replica-1",
-                None,
-                None,
-                None,
-                "the backend was unreachable",
-                False,
-                2,
-            )
-
         await succeed(backends, a, await limited(a, "report", 1, 2))
         await succeed(backends, a, await limited(a, "report", 4, 2))  # the last run
-        assert await b.record_unclaimed([missed(2), missed(3), missed(5)]) == [
+        ticks = [missed("report", n, 2, "the backend was unreachable") for n in (2, 3, 5)]
+        assert await b.record_unclaimed(ticks) == [
             True,
             True,
             False,

@@ -3,7 +3,7 @@ and identity."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,9 +31,7 @@ class Database:
     def runs_reached(self, namespace: str, job: str, limit: int, mine: list[object]) -> bool:
         """``replicron_runs_reached(namespace, job, limit, mine)``."""
         count = self.tables.pruned_runs.get((namespace, job), 0)
-        for row in self.tables.rows_of(namespace, job):
-            if row.manual or (row.claim_token is not None and row.claim_token in mine):
-                continue
+        for row in self._scheduled_rows(namespace, job, mine):
             if row.outcome in RAN or (row.outcome is None and self._counts_running(row)):
                 count += 1
         return count >= limit
@@ -43,12 +41,17 @@ class Database:
         caller's own tries (``record_unclaimed``'s ``finished.last_run``)."""
         ticks = [
             row.scheduled_at
-            for row in self.tables.rows_of(namespace, job)
-            if not row.manual
-            and not (row.claim_token is not None and row.claim_token in mine)
-            and (row.outcome is None or row.outcome in RAN)
+            for row in self._scheduled_rows(namespace, job, mine)
+            if row.outcome is None or row.outcome in RAN
         ]
         return max(ticks, default=None)
+
+    def _scheduled_rows(self, namespace: str, job: str, mine: list[object]) -> Iterator[RunRow]:
+        """``job``'s rows of its schedule's ticks (not manual runs), less the rows of the
+        caller's own tries (claim tokens in ``mine``)."""
+        for row in self.tables.rows_of(namespace, job):
+            if not row.manual and not (row.claim_token is not None and row.claim_token in mine):
+                yield row
 
     def _counts_running(self, row: RunRow) -> bool:
         lock = self.tables.job_locks.get((row.namespace, row.job))
