@@ -77,21 +77,6 @@ class Process:
         self.frozen_until: float | None = None
         self.dead = False
 
-    def due(self) -> float | None:
-        """When this process has something to do next (None: nothing, or never again)."""
-        if self.dead:
-            return None
-        # A frozen process does nothing until it is thawed, then whatever fell due meanwhile.
-        earliest = max(self.world.now, self.frozen_until or 0.0)
-        loop: Any = self.loop
-        if loop._ready:
-            return earliest
-        while loop._scheduled and loop._scheduled[0]._cancelled:
-            heapq.heappop(loop._scheduled)._scheduled = False
-        if loop._scheduled:
-            return max(earliest, float(loop._scheduled[0]._when))
-        return None
-
     def step(self) -> None:
         loop: Any = self.loop
         asyncio.events._set_running_loop(self.loop)
@@ -126,6 +111,7 @@ class World:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         self.processes: list[Process] = []
+        self._living: list[Process] = []
         self.current: Process | None = None
         self._pids = 4000
 
@@ -157,44 +143,65 @@ class World:
         self._pids += 1 + self.rng.randrange(7)
         process = Process(self, name, self._pids, offset)
         self.processes.append(process)
+        self._living.append(process)
         return process
 
     def run_until(self, end: float, after_each: Callable[[], None]) -> None:
-        """Run events and processes in time order until monotonic ``end``."""
+        """Run events and processes in time order until monotonic ``end``: the earliest due
+        first; an event before a process due at the same instant, and processes in the order
+        they were started."""
+        events = self._events
         while True:
-            when, runner = self._next()
+            when, process = self._next_process()
+            if events and (when is None or events[0][0] <= when):
+                when, process = events[0][0], None
             if when is None or when > end:
                 self.now = max(self.now, end)
                 return
-            self.now = max(self.now, when)
-            runner()
+            if when > self.now:
+                self.now = when
+            if process is None:
+                heapq.heappop(events)[2]()
+            else:
+                self.current = process
+                try:
+                    process.step()
+                finally:
+                    self.current = None
             after_each()
 
-    def _next(self) -> tuple[float | None, Callable[[], None]]:
+    def _next_process(self) -> tuple[float | None, Process | None]:
+        """The living process that has something to do first, and when. A frozen process
+        does nothing until it is thawed, then whatever fell due meanwhile. (This runs before
+        every step, hence the loop's internals read in place.)"""
+        now = self.now
         best: float | None = None
-        runner: Callable[[], None] = lambda: None  # noqa: E731
-        if self._events:
-            best = self._events[0][0]
-            runner = self._pop_event
-        for process in self.processes:
-            due = process.due()
-            if due is not None and (best is None or due < best):
-                best, runner = due, self._stepper(process)
-        return best, runner
-
-    def _pop_event(self) -> None:
-        _, _, callback = heapq.heappop(self._events)
-        callback()
-
-    def _stepper(self, process: Process) -> Callable[[], None]:
-        def step() -> None:
-            self.current = process
-            try:
-                process.step()
-            finally:
-                self.current = None
-
-        return step
+        chosen: Process | None = None
+        pruned = False
+        for process in self._living:
+            if process.dead:
+                pruned = True
+                continue
+            loop: Any = process.loop
+            if loop._ready:
+                due = now
+            else:
+                scheduled = loop._scheduled
+                while scheduled and scheduled[0]._cancelled:
+                    heapq.heappop(scheduled)._scheduled = False
+                if not scheduled:
+                    continue
+                due = scheduled[0]._when
+                if due < now:
+                    due = now
+            frozen = process.frozen_until
+            if frozen is not None and frozen > due:
+                due = frozen
+            if best is None or due < best:
+                best, chosen = due, process
+        if pruned:
+            self._living = [process for process in self._living if not process.dead]
+        return best, chosen
 
     # ---- what the code under test reads --------------------------------------------------
 
