@@ -411,6 +411,7 @@ def _run(seed: int, mode: Mode, pair: Pair, met: set[str]) -> None:
             sequence.trace.append(f"{step}: session of pid {replica.pid} lost; a new one")
             continue
         name, index, params = sequence.next()
+        lapsed = _lapsed_leases(pair, name, params)
         database, model = pair.run(name, pair.replicas[index], params)
         sequence.trace.append(f"{step} @ {pair.now.isoformat()}: r{index} {name} {params}")
         sequence.trace.append(f"    -> {database}")
@@ -418,9 +419,29 @@ def _run(seed: int, mode: Mode, pair: Pair, met: set[str]) -> None:
             pytest.fail(_report(seed, mode, sequence, f"the model answered {model}"))
         sequence.learn(name, index, database)
         met.update(_what_it_met(name, database))
+        if lapsed and database[0] != "error" and not lapsed & set(database[0][1]):
+            met.add("lease_heartbeat: a lease that ran out stays out")
         apart = list(rows_apart(*pair.tables()))
         if apart:
             pytest.fail(_report(seed, mode, sequence, "\n".join(apart)))
+
+
+def _lapsed_leases(pair: Pair, name: str, params: dict[str, Any]) -> set[int]:
+    """The open rows a heartbeat is about to renew whose lease ran out already (its holder
+    slept past it), as the model holds them before the statement."""
+    if name != "lease_heartbeat":
+        return set()
+    rows = pair.ledger.db.tables.runs
+    return {
+        run_id
+        for run_id, epoch in zip(params["run_ids"], params["epochs"], strict=True)
+        if (row := rows.get(run_id)) is not None
+        and row.outcome is None
+        and row.epoch == epoch
+        and row.replica_id == params["replica"]
+        and row.lease_until is not None
+        and row.lease_until < pair.now
+    }
 
 
 def _what_it_met(name: str, answer: Any) -> Iterator[str]:
@@ -472,6 +493,7 @@ MUST_MEET = {
         "lease_release: unlocked",
         "lease_release: error 23514",
         "lease_abandon_stale: abandoned",
+        "lease_heartbeat: a lease that ran out stays out",
     },
 }
 

@@ -5,12 +5,14 @@ lock rows freed at close (``lease_free``)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from .claims import take_job_lock
 from .cluster import lead, seen
 from .database import Database, Params, interval
 from .server import ServerSession
+from .tables import RunRow
 
 __all__ = [
     "abandon_stale",
@@ -94,6 +96,7 @@ def lease_heartbeat(db: Database, session: ServerSession, p: Params) -> list[tup
             and row.epoch == epoch
             and row.outcome is None
             and row.replica_id == replica
+            and _lease_end(row, stale_after) >= now
         ):
             row.heartbeat_at, row.lease_until = now, now + stale_after
             refreshed.append(row.run_id)
@@ -104,6 +107,8 @@ def lease_heartbeat(db: Database, session: ServerSession, p: Params) -> list[tup
             lock.namespace == namespace
             and lock.run_id in locked_runs
             and lock.replica_id == replica
+            and lock.lease_until is not None
+            and lock.lease_until > now
         ):
             lock.lease_until = now + stale_after
             relocked.append(lock.run_id)
@@ -135,8 +140,7 @@ def lease_abandon_stale(db: Database, session: ServerSession, p: Params) -> list
     stale_after = interval(p["stale_after"])
     gone = []
     for row in db.tables.rows_in(namespace):
-        until = row.lease_until or (row.heartbeat_at or row.claimed_at) + stale_after
-        if row.outcome is None and until < db.now:
+        if row.outcome is None and _lease_end(row, stale_after) < db.now:
             row.outcome, row.finished_at = "abandoned", row.lease_until or db.now
             row.epoch += 1
             row.lease_until = None
@@ -150,3 +154,8 @@ def lease_free(db: Database, session: ServerSession, p: Params) -> list[tuple[An
     """``lease.sql:lease_free``."""
     namespace, replica = str(p["namespace"]), str(p["replica"])
     return [(lock.job,) for lock in db.tables.free_locks(namespace, p["run_ids"], replica)]
+
+
+def _lease_end(row: RunRow, stale_after: timedelta) -> datetime:
+    """When the row's lease runs out: ``lease_until``, or without one, its heartbeat gone stale."""
+    return row.lease_until or (row.heartbeat_at or row.claimed_at) + stale_after

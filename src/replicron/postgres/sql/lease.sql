@@ -215,7 +215,10 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 
 -- name: lease_heartbeat
 -- Renew every lease this replica holds in one statement: its open rows (compare-and-set on
--- claimant and epoch) and the job locks its runs hold (on the run that holds each); note the
+-- claimant and epoch) and the job locks its runs hold (on the run that holds each), each only
+-- while its lease has not run out: a lease that ran out stays out (a janitor writes the row
+-- off, a claim may take the lock, max_runs counts the row as a run), even when its holder
+-- wakes before either happened; note the
 -- replica as seen; return the database's clock, the runs whose row was renewed, the runs whose
 -- lock was renewed, the replicas of the namespace seen lately, in leader mode the lease's
 -- holder and epoch after its compare-and-set, and the server's identity.
@@ -227,6 +230,9 @@ WITH mine AS MATERIALIZED (
     FROM mine
     WHERE run.run_id = mine.run_id AND run.epoch = mine.epoch AND run.outcome IS NULL
       AND run.replica_id = %(replica)s
+      AND coalesce(run.lease_until,
+                   coalesce(run.heartbeat_at, run.claimed_at) + %(stale_after)s::interval)
+          >= now()
     RETURNING run.run_id
 ), relocked AS (
     UPDATE replicron_job_locks held
@@ -234,7 +240,7 @@ WITH mine AS MATERIALIZED (
     FROM (
         SELECT job FROM replicron_job_locks
         WHERE namespace = %(namespace)s AND run_id = ANY(%(locked_runs)s::bigint[])
-          AND replica_id = %(replica)s
+          AND replica_id = %(replica)s AND lease_until > now()
         -- In job order, as a claim takes them: not in the order the rows lie in the table,
         -- else each would hold a row the other waits for (a deadlock).
         ORDER BY job
@@ -242,6 +248,7 @@ WITH mine AS MATERIALIZED (
     ) AS ordered
     WHERE held.namespace = %(namespace)s AND held.job = ordered.job
       AND held.run_id = ANY(%(locked_runs)s::bigint[]) AND held.replica_id = %(replica)s
+      AND held.lease_until > now()
     RETURNING held.run_id
 ), seen AS (
     INSERT INTO replicron_replicas AS r
