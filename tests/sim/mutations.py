@@ -15,6 +15,7 @@ from unittest import mock
 from replicron._engine.capacity import Spreader
 from replicron._engine.leadership import Leadership
 from replicron._engine.retries import Retries
+from replicron.postgres._housekeeping import Housekeeper
 from replicron.postgres._writes import OutcomeWrites
 
 __all__ = ["MUTATIONS", "mutated"]
@@ -80,11 +81,34 @@ def _failed_claim_drops_ticks() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _claims_beside_the_other_mode_after_a_freeze() -> Iterator[None]:
+    """A replica checks the namespace's modes when it joins only: back from a freeze or a
+    partition past ``stale_after`` (the others counted it gone, and a replica of the other
+    mode may have started meanwhile), it claims beside that replica."""
+    with (
+        _edited(
+            Housekeeper,
+            "admit",
+            "if not self._admitted or time.monotonic() >= self._live_until:",
+            "if not self._admitted:",
+        ),
+        _edited(
+            Housekeeper,
+            "heartbeat",
+            "if time.monotonic() >= self._live_until:\n            self._admitted = False",
+            "pass",
+        ),
+    ):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "release_loses_outcomes": _release_loses_outcomes,
     "failed_claim_drops_ticks": _failed_claim_drops_ticks,
     "takeover_drops_ticks_let_go": _takeover_drops_ticks_let_go,
     "spreader_keeps_a_tick_twice": _spreader_keeps_a_tick_twice,
+    "claims_beside_the_other_mode_after_a_freeze": _claims_beside_the_other_mode_after_a_freeze,
 }
 
 

@@ -4,6 +4,7 @@ user gets, its jobs reporting what they really do to the log the invariants read
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
@@ -15,7 +16,7 @@ from .activity import STEP, Activity
 from .server import Link, Server, SimConnection
 from .world import Process, World
 
-__all__ = ["JOBS", "Job", "Mode", "Replica"]
+__all__ = ["JOBS", "SELDOM", "Job", "Mode", "Replica"]
 
 Mode = Literal["advisory", "lease"]
 #: The connection string every replica is given (the simulated server answers it).
@@ -38,6 +39,9 @@ JOBS = (
     Job("limited", 3.0, (0.0, 2.0), max_runs=12),
     Job("led", 1.0, (0.0, 0.5), leader=True),
 )
+#: A job whose ticks lie further apart than an outage lasts: a tick whose handling failed
+#: is run once the backend answers, before the next tick could coalesce it.
+SELDOM = Job("seldom", 30.0, (0.0, 3.0))
 
 
 class Replica:
@@ -51,17 +55,27 @@ class Replica:
         name: str,
         mode: Mode,
         offset: float = 0.0,
+        jobs: tuple[Job, ...] = JOBS,
     ) -> None:
         self.world, self.server, self.activity = world, server, activity
         self.name = name
+        self.mode = mode
+        #: Told when the start fails (and the process exits).
+        self.on_failed_start: Callable[[], None] = lambda: None
         self.process: Process = world.process(name, offset)
         self.link = Link(world, self.process, delay=self._delay)
         self.connections: list[SimConnection] = []
         self.slow_until = -1.0
+        self.partitioned_until = -1.0
+        self.born = world.now
+        #: When it stopped claiming for good (killed, told to stop, exited).
+        self.ended: float | None = None
+        #: Spans (monotonic, from, to) in which it could not be counted on to reach the server.
+        self.troubles: list[tuple[float, float]] = []
         world.current = self.process
         try:
             self.scheduler = AsyncScheduler(backend=PostgresBackend(DSN, coordination=mode))
-            for job in JOBS:
+            for job in jobs:
                 self.scheduler.add_job(
                     every(timedelta(seconds=job.every)),
                     self._work,
@@ -85,6 +99,8 @@ class Replica:
             await self.scheduler.start()
         except Exception as exc:
             self.activity.lines.append(f"{self.world.now:9.3f} {self.name} failed to start: {exc}")
+            self.exit()
+            self.on_failed_start()
             return
         await asyncio.Event().wait()
 
@@ -109,21 +125,53 @@ class Replica:
 
     # ---- faults --------------------------------------------------------------------------
 
+    def _trouble(self, seconds: float) -> None:
+        self.troubles.append((self.world.now, self.world.now + seconds))
+
+    def _end(self) -> None:
+        if self.ended is None:
+            self.ended = self.world.now
+
     def kill(self) -> None:
         """kill -9: nothing more runs; the server ends its sessions once it notices."""
+        self._end()
         self.process.dead = True
         for conn in self.connections:
             if not conn.closed:
                 conn.killed(notice_after=self.world.rng.uniform(1.0, 12.0))
 
+    @property
+    def unreachable(self) -> bool:
+        """Frozen or cut off: whoever would tell it to stop is not heard."""
+        now = self.world.now
+        frozen = self.process.frozen_until is not None and self.process.frozen_until > now
+        return frozen or self.partitioned_until > now
+
+    def exit(self) -> None:
+        """The process exits: its sockets close, so the server ends their sessions at once."""
+        self._end()
+        self.process.dead = True
+        for conn in self.connections:
+            if not conn.closed:
+                conn.killed(notice_after=0.0)
+
     def freeze(self, seconds: float) -> None:
+        self._trouble(seconds)
         self.process.frozen_until = self.world.now + seconds
 
     def cut(self, seconds: float) -> None:
+        """No message reaches the server or comes back (the server is down, say)."""
+        self._trouble(seconds)
         self.link.cut_until = self.world.now + seconds
+
+    def partition(self, seconds: float) -> None:
+        """The replica's host is cut off: from the server, and from whoever would stop it."""
+        self.cut(seconds)
+        self.partitioned_until = self.world.now + seconds
 
     def lossy(self, seconds: float) -> None:
         """A link that loses one message in five, either way."""
+        self._trouble(seconds)
         self.link.loss = 0.2
 
         def over() -> None:
@@ -132,10 +180,12 @@ class Replica:
         self.world.call_later(seconds, over)
 
     def slow(self, seconds: float) -> None:
+        self._trouble(seconds)
         self.slow_until = self.world.now + seconds
 
     def stop(self) -> None:
         """A clean stop (SIGTERM): the scheduler shuts down; the process then exits."""
+        self._end()
 
         async def stop() -> None:
             await self.scheduler.shutdown()
