@@ -27,6 +27,7 @@ from replicron.backends.base import (
     Release,
     RunRecord,
 )
+from replicron.cluster import JobDefinition
 from replicron.events import Outcome
 from tests.contract.conftest import Backends, Recorded
 from tests.helpers import z
@@ -707,6 +708,30 @@ def missed_range(
         ticks=last - first + 1,
         starts=tuple(at + timedelta(minutes=n) for n in range(first, min(first + 8, last + 1))),
     )
+
+
+def test_a_registered_job_with_no_tick_recorded_is_caught_up_from_its_first_expected_tick(
+    backends: Backends,
+) -> None:
+    # Replicas registered the job, then all went down before its first tick: the next one to
+    # start must find that tick (catch-up counts the ticks after the instant last_ticks gives).
+    async def main() -> None:
+        a, b = await backends.open(2)
+        for handle, first in ((a, 4), (b, 3)):
+            expected = (tick(first), tick(first + 1))
+            definition = JobDefinition("report", "every 1m", "f", timedelta(minutes=1), expected)
+            assert isinstance(handle, ClusterRegistry)
+            await handle.announce([definition], [], complete=True)
+        await a.close()
+        await b.close()
+        [c] = await backends.open(1)
+        before_first = tick(3) - timedelta(microseconds=1)
+        assert await c.last_ticks(["report", "never-registered"]) == {"report": before_first}
+        # Once a tick is recorded, the registry no longer counts.
+        assert await c.record_unclaimed([missed(backends, c, "report", 5)]) == [True]
+        assert await last_tick(c, "report") == tick(5)
+
+    backends.run(main())
 
 
 def test_two_replicas_catching_up_one_gap_at_once_record_one_range(backends: Backends) -> None:

@@ -372,6 +372,9 @@ class Ledger:
     # ---- reads and housekeeping -----------------------------------------------------------
 
     def last_ticks(self, jobs: Sequence[str]) -> dict[str, int]:
+        """Each job's latest tick; for a job with none that a replica registered, the instant
+        just before the first tick a registration of it expects, so that a catch-up finds
+        that tick too (it fell due while every replica that scheduled the job was down)."""
         # One max() a job: each is a single index lookup (GROUP BY over an IN list would
         # walk every row of each job).
         found: dict[str, int] = {}
@@ -380,6 +383,13 @@ class Ledger:
                 [(tick,)] = conn.execute(sql("last_tick"), {"job": job}).fetchall()
                 if tick is not None:
                     found[job] = tick
+                    continue
+                firsts = [
+                    int(expected.split(",", 1)[0])
+                    for (expected,) in conn.execute(sql("expected_of_job"), {"job": job})
+                ]
+                if firsts:
+                    found[job] = min(firsts) - 1
         return found
 
     def last_finishes(self, jobs: Sequence[str]) -> dict[str, tuple[int, int | None, str | None]]:

@@ -8,8 +8,9 @@ A backend answers three questions for the engine:
   A claim may be a manual run (``run_now``, at an instant off the job's ticks), or carry the
   job's ``max_runs``, counted over the runs of every replica.
 * **release**: the run (or non-run) ended with this outcome; record it and drop the lock.
-* **last_ticks**: the latest tick of each job anybody recorded, to find ticks missed while
-  no replica was up.
+* **last_ticks**: the latest tick of each job anybody recorded (for a registered job with
+  none, the instant before the first tick its registrations expect), to find ticks missed
+  while no replica was up.
 
 Optional capabilities are small protocols of their own, checked with ``isinstance``:
 
@@ -265,7 +266,10 @@ class Backend(Protocol):
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
         """The latest tick of each job recorded by anybody, a range of missed ticks by its
-        last (jobs never recorded are left out; manual runs are not ticks)."""
+        last (manual runs are not ticks). A job with no tick recorded that a replica
+        registered (``announce``): the instant just before the first tick a registration of
+        it expects, so that a catch-up finds that tick too (it fell due while every replica
+        that scheduled the job was down). Jobs neither recorded nor registered are left out."""
 
     def clock_offset(self) -> timedelta | None:
         """How far the coordinator's clock is ahead of this process's (``None``: the

@@ -371,11 +371,23 @@ class MemoryBackend:
         return None  # the processes share this host's clock
 
     async def last_ticks(self, jobs: Sequence[str]) -> dict[str, datetime]:
+        """Each job's latest tick; for a job with none that a handle registered, the instant
+        just before the first tick a registration of it expects (see ``Backend.last_ticks``)."""
+        found: dict[str, datetime] = {}
         with self.state.lock:
-            found = {
-                name: self.state.jobs[name].last_tick for name in jobs if name in self.state.jobs
-            }
-        return {name: tick for name, tick in found.items() if tick is not None}
+            for name in jobs:
+                job = self.state.jobs.get(name)
+                if job is not None and job.last_tick is not None:
+                    found[name] = job.last_tick
+                    continue
+                firsts = [
+                    definition.expected[0]
+                    for (registered, _), (definition, _) in self.state.registry.items()
+                    if registered == name and definition.expected
+                ]
+                if firsts:
+                    found[name] = min(firsts) - timedelta(microseconds=1)
+        return found
 
     async def last_finishes(self, jobs: Sequence[str]) -> dict[str, LastFinish]:
         found: dict[str, LastFinish] = {}

@@ -171,6 +171,10 @@ INSERT INTO replicron_runs
 VALUES (:job, :tick, :through, :ticks, :replica, :pid, :now, :now, 'missed', :error)
 ON CONFLICT (job, scheduled_at) DO NOTHING;
 
+-- name: expected_of_job
+-- What each registration of the job expects (microseconds, comma-separated, ascending).
+SELECT expected FROM replicron_jobs WHERE job = :job AND expected <> '';
+
 -- name: last_tick
 -- The job's latest tick (manual runs are not ticks), a range of missed ticks by its last: two
 -- index lookups.

@@ -3,6 +3,7 @@ lease, pauses, and the reads of the latest ticks and the clock."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from .database import Database, Params, interval
@@ -114,6 +115,14 @@ def last_ticks(db: Database, session: ServerSession, p: Params) -> list[tuple[An
             ends = [row.scheduled_at for row in rows]
             ends += [row.scheduled_through for row in rows if row.scheduled_through is not None]
             latest.append((job, max(ends)))
+            continue
+        firsts = [
+            r.expected[0]
+            for r in db.tables.registrations.values()
+            if r.namespace == namespace and r.job == job and r.expected
+        ]
+        if firsts:
+            latest.append((job, min(firsts) - timedelta(microseconds=1)))
     return latest
 
 

@@ -461,11 +461,23 @@ SELECT pg_advisory_unlock(%(k1)s::int, %(k2)s::int);
 
 -- name: last_ticks
 -- The latest tick of each job (manual runs are not ticks of its trigger), a range of missed
--- ticks by its last.
-SELECT job, greatest(max(scheduled_at), max(scheduled_through))
-FROM replicron_runs
-WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[]) AND NOT manual
-GROUP BY job;
+-- ticks by its last. A job with no tick recorded that a replica registered: the instant just
+-- before the first tick a registration of it expects, so that a catch-up finds that tick too
+-- (it fell due while every replica that scheduled the job was down).
+WITH recorded AS (
+    SELECT job, greatest(max(scheduled_at), max(scheduled_through)) AS last
+    FROM replicron_runs
+    WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[]) AND NOT manual
+    GROUP BY job
+)
+SELECT job, last FROM recorded
+UNION ALL
+SELECT job, min(expected[1]) - interval '1 microsecond'
+FROM replicron_jobs
+WHERE namespace = %(namespace)s AND job = ANY(%(jobs)s::text[])
+  AND job NOT IN (SELECT job FROM recorded)
+GROUP BY job
+HAVING min(expected[1]) IS NOT NULL;
 
 -- name: last_finishes
 -- The latest tick of each job (manual runs are not ticks) and how it ended, for fixed-delay
