@@ -10,8 +10,10 @@ never sets such a path, and the SQL files are run as they ship).
 
 from __future__ import annotations
 
+import copy
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import astuple
 from datetime import datetime
 from importlib import resources
@@ -20,6 +22,7 @@ from typing import Any
 import psycopg
 
 from replicron.postgres._reference import ORDERED, ReferenceLedger, StatementError
+from replicron.postgres._reference.server import ServerSession
 from replicron.postgres._sql import queries
 
 #: The schema whose now() and clock_timestamp() answer the test's clock.
@@ -41,6 +44,50 @@ ALTER TABLE replicron_run_requests
 #: Per statement, the columns that hold an array built from a data-modifying step's rows or
 #: a catalog's: their order is the server's to choose.
 UNORDERED_ARRAYS = {"heartbeat": (2, 3, 4), "lease_heartbeat": (1, 2, 3)}
+
+#: A statement by name, the replica whose session sends it, and its parameters.
+Statement = tuple[str, "Replica", dict[str, Any]]
+#: What the database answers a statement it rolled back so that it be tried again: a
+#: serialization failure, a deadlock.
+RETRIED = ("40001", "40P01")
+
+
+def _unserialized(by: dict[str, Statement], answers: tuple[Any, Any]) -> tuple[Any, Any]:
+    """``answers`` of the statements ``by["a"]`` and ``by["b"]``, run at once, without the
+    columns ``AT_ONCE_UNSERIALIZED`` names."""
+    masked = []
+    for key, answer in zip("ab", answers, strict=True):
+        columns = AT_ONCE_UNSERIALIZED.get(by[key][0], ())
+        if not columns or _retried(answer) or answer[:1] == ("error",):
+            masked.append(answer)
+            continue
+        masked.append(
+            [tuple(None if at in columns else v for at, v in enumerate(row)) for row in answer]
+        )
+    return masked[0], masked[1]
+
+
+def _retried(answer: Any) -> bool:
+    return bool(answer) and answer[0] == "error" and answer[1] in RETRIED
+
+
+#: Per statement, the columns of its answer that may differ from every serial order when it
+#: runs at the same time as another, and why that is safe. Both are read from the
+#: statement's snapshot (READ COMMITTED), where the model, one statement at a time, reads
+#: what the other statement committed:
+#: - a heartbeat's peers: two heartbeats at once may each miss the other's row. Peers only
+#:   rank the replicas for claiming ahead (one that sees none claims ahead of every tick, and
+#:   the claims stay exclusive), and the next heartbeat sees them;
+#: - a claim's holder of a tick it found ``locked``: a release committing meanwhile frees the
+#:   job's lock, which the claim's write waits for and then takes for an earlier tick of its
+#:   batch, while the later tick, locked behind it, still names the releasing replica. The
+#:   status and the rows are a serial order's; the holder only words the skip.
+AT_ONCE_UNSERIALIZED = {
+    "heartbeat": (4,),
+    "lease_heartbeat": (3,),
+    "claim": (4,),
+    "lease_claim": (4,),
+}
 
 #: Every table the statements write, read back whole, in a fixed order.
 TABLES = {
@@ -113,6 +160,9 @@ class Pair:
         self.ledger = ReferenceLedger(now)
         self.ledger.db.identity = self._identity
         self.replicas = [Replica(conninfo, self.ledger) for _ in range(replicas)]
+        #: How many statements run at once (``run_together``) waited on the other's lock.
+        self.waited = 0
+        self._watcher: psycopg.Connection[Any] | None = None
 
     def reset(self, now: datetime) -> None:
         """Both sides empty again, at ``now``, with new server sessions."""
@@ -136,6 +186,85 @@ class Pair:
         """Statement ``name`` on both sides: (the database's answer, the model's), each rows
         or ``("error", sqlstate)``."""
         return self._on_the_database(name, on, params), self._on_the_model(name, on, params)
+
+    def run_together(
+        self, first: Statement, second: Statement, agree: Callable[[Any, Any], bool]
+    ) -> tuple[Any, Any, str | None]:
+        """Two statements on two sessions at once on the database: ``first`` in a transaction
+        kept open until ``second`` has reached the server and is waiting on a lock (or is
+        done), then committed. The model runs them one after the other: ``first`` then
+        ``second``, else the other way round, else (when the database rolled one back as a
+        serialization failure or a deadlock, which the backend tries again) the other alone.
+        ``agree(database, model)`` tells whether both answers and the tables agree. Returns
+        the database's two answers, the model's in the order that agreed, and that order
+        (None if none did: the model treats as atomic an interleaving the SQL allows)."""
+        (name_a, a, params_a), (name_b, b, params_b) = first, second
+        assert a is not b, "two statements at once need two sessions"
+        before = copy.deepcopy((self.ledger, [replica.session for replica in self.replicas]))
+        for replica in (a, b):
+            replica.conn.execute(
+                "SELECT set_config('replicron_test.now', %s, false)", [self.now.isoformat()]
+            )
+        answers: dict[str, Any] = {}
+        a.conn.execute("BEGIN")
+        answers["a"] = self._statement(name_a, a, params_a)
+        later = threading.Thread(
+            target=lambda: answers.__setitem__("b", self._statement(name_b, b, params_b))
+        )
+        later.start()
+        if self._until_waiting_or_done(b.pid, later):
+            self.waited += 1
+        a.conn.execute("ROLLBACK" if answers["a"][:1] == ("error",) else "COMMIT")
+        later.join()
+        database = answers["a"], answers["b"]
+        orders: list[tuple[str, ...]] = [("a", "b"), ("b", "a")]
+        if _retried(answers["a"]):
+            orders.append(("b",))
+        if _retried(answers["b"]):
+            orders.append(("a",))
+        for order in orders:
+            self._restore(copy.deepcopy(before))
+            by = {"a": (name_a, a, params_a), "b": (name_b, b, params_b)}
+            # A statement the database rolled back is not run here: its answer stands.
+            model = dict(zip("ab", database, strict=True))
+            for key in order:
+                name, on, params = by[key]
+                model[key] = self._on_the_model(name, on, params)
+            answers_apart = (model["a"], model["b"])
+            if agree(_unserialized(by, database), _unserialized(by, answers_apart)):
+                return database, answers_apart, ";".join(order)
+        return database, None, None
+
+    def _until_waiting_or_done(self, pid: int, running: threading.Thread) -> bool:
+        """Until the server session ``pid`` waits on a lock (True), or its statement is over."""
+        if self._watcher is None:
+            self._watcher = psycopg.connect(self._conninfo, autocommit=True)
+        for _ in range(2000):
+            if not running.is_alive():
+                return False
+            [(waiting,)] = self._watcher.execute(
+                "SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity"
+                " WHERE pid = %s",
+                [pid],
+            ).fetchall()
+            if waiting:
+                return True
+            running.join(0.001)
+        raise AssertionError(f"server session {pid} neither waited nor finished")
+
+    def _restore(self, state: tuple[ReferenceLedger, list[ServerSession]]) -> None:
+        ledger, sessions = state
+        self.ledger = ledger
+        for replica, session in zip(self.replicas, sessions, strict=True):
+            replica.session, replica._ledger = session, ledger
+
+    def _statement(self, name: str, on: Replica, params: dict[str, Any]) -> Any:
+        try:
+            cursor = on.conn.execute(self._queries[name], params)
+        except psycopg.Error as exc:
+            return ("error", exc.sqlstate)
+        rows = cursor.fetchall() if cursor.description is not None else []
+        return normalised(name, [tuple(row) for row in rows])
 
     def _on_the_database(self, name: str, on: Replica, params: dict[str, Any]) -> Any:
         on.conn.execute(
@@ -175,6 +304,9 @@ class Pair:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
 
 
 def normalised(name: str, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import random
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -56,6 +57,7 @@ class Sequence:
 
     def __init__(self, seed: int, mode: Mode, pair: Pair) -> None:
         self.rng = random.Random(seed)
+        self.seed = seed
         self.mode = mode
         self.pair = pair
         self.runs: list[Known] = []
@@ -511,3 +513,70 @@ def test_the_reference_ledger_answers_every_statement_as_the_sql_does(mode: Mode
             pair.reset(START)
             _run(seed, mode, pair, met)
     assert sorted(MUST_MEET[mode] - met) == []
+
+
+#: Of the steps of ``test_two_statements_at_once_end_as_one_after_the_other_would``, how many
+#: send two statements at once.
+PAIRED = 0.5
+#: The statements that draw run ids from the sequence. Two of them at once interleave their
+#: ids, which no order of the model gives (the ids are opaque): a pair holds one at most.
+#: Two claims of one tick at once are the real-process suite's (tests/postgres/test_*races*).
+DRAWS_RUN_IDS = {"claim", "lease_claim", "record_unclaimed", "record_missed_ranges"}
+
+
+def _run_paired(seed: int, mode: Mode, pair: Pair, orders: Counter[str]) -> None:
+    sequence = Sequence(seed, mode, pair)
+    for step in range(STEPS):
+        sequence.advance()
+        name, index, params = sequence.next()
+        if sequence.rng.random() < PAIRED:
+            other, second, second_params = sequence.next()
+            if second != index and not {name, other} <= DRAWS_RUN_IDS:
+                both = (name, index, params), (other, second, second_params)
+                _step_paired(sequence, pair, *both, orders)
+                continue
+        database, model = pair.run(name, pair.replicas[index], params)
+        sequence.trace.append(f"{step} @ {pair.now.isoformat()}: r{index} {name} {params}")
+        sequence.trace.append(f"    -> {database}")
+        if database != model:
+            pytest.fail(_report(seed, mode, sequence, f"the model answered {model}"))
+        sequence.learn(name, index, database)
+
+
+def _step_paired(
+    sequence: Sequence,
+    pair: Pair,
+    first: tuple[str, int, dict[str, Any]],
+    second: tuple[str, int, dict[str, Any]],
+    orders: Counter[str],
+) -> None:
+    def agree(database: Any, model: Any) -> bool:
+        return bool(database == model and not list(rows_apart(*pair.tables())))
+
+    (name_a, a, params_a), (name_b, b, params_b) = first, second
+    database, _, order = pair.run_together(
+        (name_a, pair.replicas[a], params_a), (name_b, pair.replicas[b], params_b), agree
+    )
+    sequence.trace.append(f"@ {pair.now.isoformat()}: at once, r{a} {name_a} {params_a}")
+    sequence.trace.append(f"    and r{b} {name_b} {params_b}")
+    sequence.trace.append(f"    -> {database}")
+    if order is None:
+        what = "no order of the two on the model ends as the database did"
+        pytest.fail(_report(sequence.seed, sequence.mode, sequence, what))
+    orders[order] += 1
+    sequence.learn(name_a, a, database[0])
+    sequence.learn(name_b, b, database[1])
+
+
+@pytest.mark.parametrize("mode", ["advisory", "lease"])
+def test_two_statements_at_once_end_as_one_after_the_other_would(mode: Mode) -> None:
+    """The model runs each statement alone; the database runs two at once, the first's
+    transaction held open until the second waits on it. Each pair must end, answers and
+    tables, as the model running them one after the other (in either order) does."""
+    orders: Counter[str] = Counter()
+    with _pair() as pair:
+        for seed in range(SEEDS // 2):
+            pair.reset(START)
+            _run_paired(1000 + seed, mode, pair, orders)
+        # Pairs that overlapped for real: the second statement waited on the first's lock.
+        assert pair.waited > 0, orders
