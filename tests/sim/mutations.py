@@ -15,7 +15,9 @@ from unittest import mock
 from replicron._engine.capacity import Spreader
 from replicron._engine.leadership import Leadership
 from replicron._engine.retries import Retries
+from replicron.postgres._bounds import _rows
 from replicron.postgres._housekeeping import Housekeeper
+from replicron.postgres._pooled import PooledSession
 from replicron.postgres._writes import OutcomeWrites
 
 __all__ = ["MUTATIONS", "mutated"]
@@ -103,12 +105,26 @@ def _claims_beside_the_other_mode_after_a_freeze() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _statements_left_on_the_server() -> Iterator[None]:
+    """Row lease sends its statements without the server's own bounds for their transaction
+    (it keeps no session settings, for a pooler's sake): a statement it gave up on waits on
+    the server, behind a lock say, for as long as the lock is held, and then runs."""
+
+    def unbounded(self: PooledSession, conn: Any, query: str, params: Any) -> Any:
+        return _rows(conn, query, params)
+
+    with mock.patch.object(PooledSession, "_statement", unbounded):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "release_loses_outcomes": _release_loses_outcomes,
     "failed_claim_drops_ticks": _failed_claim_drops_ticks,
     "takeover_drops_ticks_let_go": _takeover_drops_ticks_let_go,
     "spreader_keeps_a_tick_twice": _spreader_keeps_a_tick_twice,
     "claims_beside_the_other_mode_after_a_freeze": _claims_beside_the_other_mode_after_a_freeze,
+    "statements_left_on_the_server": _statements_left_on_the_server,
 }
 
 

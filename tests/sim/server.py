@@ -35,6 +35,10 @@ __all__ = ["Link", "Server", "SimConnection"]
 _NO_ROWS = frozenset({"replica_joined", "replica_stopped", "prune_registry", "leader_resign"})
 _SET_UP = re.compile(r"^SELECT pg_backend_pid\(\), set_config\('replicron.session_token'")
 _WHO = "SELECT pg_backend_pid(), current_setting('replicron.session_token', true)"
+#: How long after it arrived a statement its client gave up on may still run on the server:
+#: the backend's statement deadline with the defaults (half a run's lease), which the
+#: server's own timeout repeats, and a second to spare.
+LEFT_ON_THE_SERVER = 5.0 + 1.0
 
 
 @dataclass
@@ -76,9 +80,95 @@ class Server:
         self.tell: Callable[[str], None] | None = None
         #: The runs whose outcomes a release brought to the server (written or refused).
         self.released: set[int] = set()
+        #: Until when (monotonic) the ledger's tables are locked by somebody else.
+        self.locked_until = -1.0
+        self._gave_up: dict[int, float] = {}
+        self._bound: dict[int, float] = {}
+        #: What the server saw that breaks the protocol's bounds (checked like an invariant).
+        self.violations: list[str] = []
 
     def instant(self) -> datetime:
         return self.world.instant()
+
+    # ---- statements that wait on the server ------------------------------------------------
+
+    def lock_ledger(self, seconds: float) -> None:
+        """Somebody holds a lock on the ledger's tables (a long migration, ``LOCK TABLE``):
+        the statements on them wait until it is released or their ``statement_timeout``
+        (``lock_timeout``) ends them, whether or not their client is still there."""
+        self.locked_until = max(self.locked_until, self.world.now + seconds)
+
+    def gave_up(self, session: ServerSession) -> None:
+        """The client of ``session`` gave up on it (its statement's deadline passed)."""
+        self._gave_up.setdefault(session.pid, self.world.now)
+
+    def arrive(
+        self,
+        session: ServerSession,
+        text: str,
+        params: Any,
+        answered: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """A statement reaches the server: run now, or once the ledger's lock is released
+        (within the statement's timeout: else the server cancels it)."""
+        timeout = self._timeout_of(session, text, params)
+        if self.world.now >= self.locked_until or self._names.get(text) is None:
+            self._answer(session, text, params, answered)
+            return
+        arrived = self.world.now
+
+        def waited() -> None:
+            if self.world.now < self.locked_until:
+                answered(
+                    None, psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")
+                )
+                return
+            gave_up = self._gave_up.get(session.pid)
+            if gave_up is not None and self.world.now > arrived + LEFT_ON_THE_SERVER:
+                name = self._names[text]
+                self.violations.append(
+                    f"bounds: {name} of server pid {session.pid} ran on the server "
+                    f"{self.world.now - arrived:.1f} s after it arrived, though its client "
+                    f"had given up on it at {gave_up:.3f}"
+                )
+            # A session its client closed lives on the server until its statement is over.
+            self._answer(session, text, params, answered, ended_by_client=gave_up is not None)
+
+        until = self.locked_until if timeout is None else min(self.locked_until, arrived + timeout)
+        self.world.call_at(until, waited)
+
+    def _timeout_of(self, session: ServerSession, text: str, params: Any) -> float | None:
+        """The server's bound on this statement (seconds): the one set for its own
+        transaction by the statement before it, else the session's ``statement_timeout``."""
+        if text == BOUND_STATEMENT:
+            self._bound[session.pid] = int(params["timeout"]) / 1000
+            return None
+        bound = self._bound.pop(session.pid, None)
+        if bound is not None:
+            return bound
+        setting = session.settings.get("statement_timeout")
+        return int(setting) / 1000 if setting else None
+
+    def _answer(
+        self,
+        session: ServerSession,
+        text: str,
+        params: Any,
+        answered: Callable[[Any, BaseException | None], None],
+        ended_by_client: bool = False,
+    ) -> None:
+        closed = session.closed
+        if ended_by_client:
+            session.closed = False
+        try:
+            result: Any = self.run(session, text, params)
+            failure: BaseException | None = None
+        except Exception as exc:  # the server's answer is an error
+            result, failure = None, exc
+        if ended_by_client and closed:
+            session.closed = False
+            self.end(session)
+        answered(result, failure)
 
     def open(self) -> ServerSession:
         return self.ledger.connect()
@@ -226,19 +316,16 @@ class SimConnection:
         link, world, session = self._link, self._link.world, self._session
         if not link.lost():
 
-            def arrive() -> None:
-                try:
-                    result: Any = self._server.run(session, text, params)
-                    failure: BaseException | None = None
-                except Exception as exc:  # the server's answer is an error
-                    result, failure = None, exc
+            def answered(result: Any, failure: BaseException | None) -> None:
                 if link.lost():
                     return
                 world.call_at(
                     link.arrival(), lambda: _settle(answer, lambda: _raise_or(result, failure))
                 )
 
-            world.call_at(link.arrival(), arrive)
+            world.call_at(
+                link.arrival(), lambda: self._server.arrive(session, text, params, answered)
+            )
         try:
             rows, described = await answer
         except asyncio.CancelledError:
@@ -253,6 +340,7 @@ class SimConnection:
         if not self.closed:
             self.closed = self.broken = True
             session = self._session
+            self._server.gave_up(session)
             self._link.world.call_at(self._link.arrival(), lambda: self._server.end(session))
 
     async def close(self) -> None:

@@ -109,6 +109,10 @@ _CLUSTER_SPANS: dict[str, tuple[float, float, str]] = {
 }
 #: How often a seed draws one of them.
 _CLUSTER_FAULT_CHANCE = 0.4
+#: How often a seed draws somebody holding a lock on the ledger's tables for a while (a
+#: long migration, ``LOCK TABLE``), and how long (seconds).
+_LEDGER_LOCK_CHANCE = 0.25
+_LEDGER_LOCK = (5.0, 40.0)
 #: How long a process manager waits before it starts a replica whose start failed again.
 RESTART_BACKOFF = 5.0
 
@@ -138,6 +142,11 @@ class _Faults:
             shortest, longest, _ = _CLUSTER_SPANS[kind]
             at = _near_a_tick(cluster, cluster.uniform(10.0, CHAOS - 25.0))
             self.cluster.append((at, kind, cluster.uniform(shortest, longest)))
+        server = random.Random(f"server faults of seed {sim.seed}")
+        if server.random() < _LEDGER_LOCK_CHANCE:
+            at = _near_a_tick(server, server.uniform(10.0, CHAOS - 5.0))
+            self.cluster.append((at, "ledger_lock", server.uniform(*_LEDGER_LOCK)))
+            self.cluster.sort()
 
     def due(self) -> None:
         while self.plan and self.plan[0][0] <= self.sim.world.now:
@@ -163,6 +172,8 @@ class _Simulation:
         self.replicas: list[Replica] = []
         self.by_process: dict[Process | None, Replica] = {}
         self.server_down_until = -1.0
+        #: Spans (monotonic, from, to) in which no replica could reach the ledger.
+        self.for_everyone: list[tuple[float, float]] = []
         #: The mode each replica's next process is started in (a mode switch changes it).
         self.modes: list[Mode] = [mode] * REPLICAS
         self.trace: list[str] = []
@@ -221,6 +232,11 @@ class _Simulation:
             self.world.call_later(back, lambda: self._restart(index))
 
     def cluster_fault(self, kind: str, seconds: float) -> None:
+        if kind == "ledger_lock":
+            self.note(f"somebody locks the ledger's tables for {seconds:.1f} s")
+            self.server.lock_ledger(seconds)
+            self.for_everyone.append((self.world.now, self.world.now + seconds))
+            return
         rng = self.world.rng
         other: Mode = "lease" if self.modes[0] == "advisory" else "advisory"
         self.note(_CLUSTER_SPANS[kind][2].format(seconds=seconds, mode=other))
@@ -247,6 +263,7 @@ class _Simulation:
         """Every session ends, and nobody reaches the server for ``seconds``."""
         self.server.restart()
         self.server_down_until = max(self.server_down_until, self.world.now + seconds)
+        self.for_everyone.append((self.world.now, self.world.now + seconds))
         for replica in self.by_process.values():
             if not replica.process.dead:
                 replica.cut(seconds)
@@ -330,7 +347,7 @@ class _Simulation:
             if end > CHAOS + CALM - 5 or _modes_mixed(everyone, begin, end):
                 continue
             for replica in everyone:
-                able = _longest_able(replica, begin, end)
+                able = _longest_able(replica, begin, end, self.for_everyone)
                 if able >= ABLE_FOR:
                     found.append(
                         f"DESIGN 5: {row.job}@{last:%H:%M:%S} recorded missed ({row.error}), "
@@ -355,7 +372,7 @@ class _Simulation:
         return found
 
     def final_checks(self) -> list[str]:
-        found = list(self.activity.violations)
+        found = list(self.activity.violations) + self.server.violations
         found += self._limits()
         found += self._missed_only_when_none_could_run()
         rows = self.server.ledger.db.tables.runs.values()
@@ -398,12 +415,15 @@ def _ticks(
             tick += step
 
 
-def _longest_able(replica: Replica, begin: float, end: float) -> float:
-    """The longest stretch of ``begin``..``end`` in which ``replica`` was up and untroubled."""
+def _longest_able(
+    replica: Replica, begin: float, end: float, for_everyone: list[tuple[float, float]]
+) -> float:
+    """The longest stretch of ``begin``..``end`` in which ``replica`` was up and untroubled
+    (by its own faults, and by those of the server, ``for_everyone``)."""
     start = max(begin, replica.born)
     stop = min(end, replica.ended if replica.ended is not None else end)
     longest = 0.0
-    for low, high in [*sorted(replica.troubles), (stop, stop)]:
+    for low, high in [*sorted(replica.troubles + for_everyone), (stop, stop)]:
         if high <= start:
             continue
         longest = max(longest, min(low, stop) - start)
