@@ -15,25 +15,40 @@ from unittest import mock
 from replicron._engine.capacity import Spreader
 from replicron._engine.leadership import Leadership
 from replicron._engine.retries import Retries
+from replicron._engine.runs import RunExecutor
 from replicron.postgres._bounds import _rows
 from replicron.postgres._housekeeping import Housekeeper
 from replicron.postgres._pooled import PooledSession
+from replicron.postgres._reference import STATEMENTS
+from replicron.postgres._reference.database import Database
 from replicron.postgres._writes import OutcomeWrites
 
 __all__ = ["MUTATIONS", "mutated"]
 
 
-@contextlib.contextmanager
-def _edited(owner: type, name: str, old: str, new: str) -> Iterator[None]:
-    """``owner.name`` as its source reads with ``old`` (which must be there) made ``new``:
+def _rewritten(function: Any, old: str, new: str) -> Any:
+    """``function`` as its source reads with ``old`` (which must be there) made ``new``:
     the fix taken out again, line for line."""
-    function = owner.__dict__[name]
     source = textwrap.dedent(inspect.getsource(function))
     if old not in source:
-        raise AssertionError(f"{owner.__name__}.{name} no longer reads {old!r}")
+        raise AssertionError(f"{function.__qualname__} no longer reads {old!r}")
     namespace = dict(vars(sys.modules[function.__module__]))
     exec(compile(source.replace(old, new), inspect.getfile(function), "exec"), namespace)
-    with mock.patch.object(owner, name, namespace[name]):
+    return namespace[function.__name__]
+
+
+@contextlib.contextmanager
+def _edited(owner: type, name: str, old: str, new: str) -> Iterator[None]:
+    """``owner.name`` rewritten (see ``_rewritten``)."""
+    with mock.patch.object(owner, name, _rewritten(owner.__dict__[name], old, new)):
+        yield
+
+
+@contextlib.contextmanager
+def _statement_edited(name: str, old: str, new: str) -> Iterator[None]:
+    """The reference ledger's statement ``name`` rewritten: the SQL as it read before."""
+    function = STATEMENTS[name]
+    with mock.patch.dict(STATEMENTS, {name: _rewritten(function, old, new)}):
         yield
 
 
@@ -118,6 +133,64 @@ def _statements_left_on_the_server() -> Iterator[None]:
         yield
 
 
+# ---- gaps the simulator found, since closed ---------------------------------------------
+
+
+def _written_off_runs_not_counted() -> contextlib.AbstractContextManager[None]:
+    """``max_runs`` counts an open row whose lease ran out only once a janitor writes it off:
+    a run whose replica died does not count meanwhile, and a claim may start one past the
+    limit (migration 0010)."""
+    return _edited(
+        Database,
+        "_written_off_but_in_name",
+        "if row.lease_until is not None and row.lease_until < self.now:",
+        "if False:",
+    )
+
+
+@contextlib.contextmanager
+def _ticks_before_the_last_run_unrecorded() -> Iterator[None]:
+    """A limited job's ticks missed before its last run are refused as past the limit: they
+    are left without a record."""
+    with mock.patch.object(Database, "last_run", return_value=None):
+        yield
+
+
+def _term_won_mid_step_claims_at_once() -> contextlib.AbstractContextManager[None]:
+    """A leader term won while a step waits on its statements counts at once: the tick is
+    claimed before the catch-up, which then misses the ticks that fell due without a
+    leader."""
+    return _edited(
+        Leadership, "_leads_this_step", "return self._was_leading and self.leading()",
+        "return self.leading()",
+    )  # fmt: skip
+
+
+def _run_cut_off_before_its_task_began_left_open() -> contextlib.AbstractContextManager[None]:
+    """An async run whose task is cancelled before its first step is never recorded: its row
+    stays open, heartbeated, for as long as its replica lives."""
+    return _edited(
+        RunExecutor,
+        "start",
+        "run.task.add_done_callback(functools.partial(self._cut_off_before_it_began, run))",
+        "pass",
+    )
+
+
+def _lapsed_lease_renewed() -> contextlib.AbstractContextManager[None]:
+    """A heartbeat renews a run's row whose lease ran out (its holder woke before a janitor
+    came): the row is fresh again, so max_runs stops counting it."""
+    return _statement_edited(
+        "lease_heartbeat", "and _lease_end(row, stale_after) >= now", "and True"
+    )
+
+
+def _first_tick_without_a_replica_lost() -> contextlib.AbstractContextManager[None]:
+    """A registered job with no tick recorded has nothing to catch up from: a first tick
+    that fell due while every replica was down is neither run nor recorded."""
+    return _statement_edited("last_ticks", "        if firsts:\n", "        if False:\n")
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "release_loses_outcomes": _release_loses_outcomes,
     "failed_claim_drops_ticks": _failed_claim_drops_ticks,
@@ -125,6 +198,12 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "spreader_keeps_a_tick_twice": _spreader_keeps_a_tick_twice,
     "claims_beside_the_other_mode_after_a_freeze": _claims_beside_the_other_mode_after_a_freeze,
     "statements_left_on_the_server": _statements_left_on_the_server,
+    "written_off_runs_not_counted": _written_off_runs_not_counted,
+    "ticks_before_the_last_run_unrecorded": _ticks_before_the_last_run_unrecorded,
+    "term_won_mid_step_claims_at_once": _term_won_mid_step_claims_at_once,
+    "run_cut_off_before_its_task_began_left_open": _run_cut_off_before_its_task_began_left_open,
+    "lapsed_lease_renewed": _lapsed_lease_renewed,
+    "first_tick_without_a_replica_lost": _first_tick_without_a_replica_lost,
 }
 
 
