@@ -270,12 +270,7 @@ class Pair:
         on.conn.execute(
             "SELECT set_config('replicron_test.now', %s, false)", [self.now.isoformat()]
         )
-        try:
-            cursor = on.conn.execute(self._queries[name], params)
-        except psycopg.Error as exc:
-            return ("error", exc.sqlstate)
-        rows = cursor.fetchall() if cursor.description is not None else []
-        return normalised(name, [tuple(row) for row in rows])
+        return self._statement(name, on, params)
 
     def _on_the_model(self, name: str, on: Replica, params: dict[str, Any]) -> Any:
         try:

@@ -414,12 +414,7 @@ def _run(seed: int, mode: Mode, pair: Pair, met: set[str]) -> None:
             continue
         name, index, params = sequence.next()
         lapsed = _lapsed_leases(pair, name, params)
-        database, model = pair.run(name, pair.replicas[index], params)
-        sequence.trace.append(f"{step} @ {pair.now.isoformat()}: r{index} {name} {params}")
-        sequence.trace.append(f"    -> {database}")
-        if database != model:
-            pytest.fail(_report(seed, mode, sequence, f"the model answered {model}"))
-        sequence.learn(name, index, database)
+        database = _step_alone(sequence, pair, step, (name, index, params))
         met.update(_what_it_met(name, database))
         if lapsed and database[0] != "error" and not lapsed & set(database[0][1]):
             met.add("lease_heartbeat: a lease that ran out stays out")
@@ -535,12 +530,22 @@ def _run_paired(seed: int, mode: Mode, pair: Pair, orders: Counter[str]) -> None
                 both = (name, index, params), (other, second, second_params)
                 _step_paired(sequence, pair, *both, orders)
                 continue
-        database, model = pair.run(name, pair.replicas[index], params)
-        sequence.trace.append(f"{step} @ {pair.now.isoformat()}: r{index} {name} {params}")
-        sequence.trace.append(f"    -> {database}")
-        if database != model:
-            pytest.fail(_report(seed, mode, sequence, f"the model answered {model}"))
-        sequence.learn(name, index, database)
+        _step_alone(sequence, pair, step, (name, index, params))
+
+
+def _step_alone(
+    sequence: Sequence, pair: Pair, step: int, statement: tuple[str, int, dict[str, Any]]
+) -> Any:
+    """One statement on both sides, which must answer alike: the database's answer."""
+    name, index, params = statement
+    database, model = pair.run(name, pair.replicas[index], params)
+    sequence.trace.append(f"{step} @ {pair.now.isoformat()}: r{index} {name} {params}")
+    sequence.trace.append(f"    -> {database}")
+    if database != model:
+        what = f"the model answered {model}"
+        pytest.fail(_report(sequence.seed, sequence.mode, sequence, what))
+    sequence.learn(name, index, database)
+    return database
 
 
 def _step_paired(
