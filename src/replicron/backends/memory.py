@@ -127,6 +127,8 @@ class MemoryState:
         self.paused: dict[str, Pause] = {}
         #: (job, replica id) -> what that handle's scheduler announced of the job.
         self.registry: dict[tuple[str, str], tuple[JobDefinition, datetime]] = {}
+        #: job -> the handles that registered it (the registry's keys, by job).
+        self.registered_by: dict[str, set[str]] = {}
         #: Handles open now, with when they opened.
         self.replicas: dict[str, datetime] = {}
         #: Leader mode: the handles that contend for the lease (what to tell each of a
@@ -380,11 +382,11 @@ class MemoryBackend:
                 if job is not None and job.last_tick is not None:
                     found[name] = job.last_tick
                     continue
-                firsts = [
-                    definition.expected[0]
-                    for (registered, _), (definition, _) in self.state.registry.items()
-                    if registered == name and definition.expected
-                ]
+                registrations = (
+                    self.state.registry[name, who][0]
+                    for who in self.state.registered_by.get(name, ())
+                )
+                firsts = [d.expected[0] for d in registrations if d.expected]
                 if firsts:
                     found[name] = min(firsts) - timedelta(microseconds=1)
         return found
@@ -419,8 +421,10 @@ class MemoryBackend:
                 removed = [job for job, who in state.registry if who == replica]
             for name in removed:
                 state.registry.pop((name, replica), None)
+                state.registered_by.get(name, set()).discard(replica)
             for definition in definitions:
                 state.registry[definition.job, replica] = (definition, now)
+                state.registered_by.setdefault(definition.job, set()).add(replica)
             mine = {
                 job: d.fingerprint
                 for (job, who), (d, _) in state.registry.items()
@@ -456,6 +460,7 @@ class MemoryBackend:
             gone = [who for who in replicas if who not in self.state.replicas]
             for who in gone:
                 del self.state.registry[job, who]
+                self.state.registered_by[job].discard(who)
         return gone, [who for who in replicas if who not in gone]
 
     async def cluster_status(self) -> ClusterStatus:
