@@ -130,6 +130,8 @@ class ClusterWatch:
         self._requests_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
+        #: A wake-up of the loop for added or updated jobs is on its way (``changed_soon``).
+        self._change_pending = False
 
     @property
     def supported(self) -> bool:
@@ -176,6 +178,20 @@ class ClusterWatch:
         if self._changed is not None:
             self._changed.set()
 
+    def changed_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A job was added or updated (any thread): the loop is told once for any number of
+        them, so that jobs added in bulk do not wake it each time."""
+        if self._change_pending:
+            return
+        self._change_pending = True
+        with contextlib.suppress(RuntimeError):  # loop closed in between
+            loop.call_soon_threadsafe(self._changed_now)
+
+    def _changed_now(self) -> None:
+        self._change_pending = False
+        if self._changed is not None:
+            self._changed.set()
+
     def watch(self, callback: StatusCallback, every: float) -> Callable[[], None]:
         """Call ``callback`` (on the loop) with the cluster's status every ``every`` seconds,
         with ``None`` when it could not be read; returns the function that stops it."""
@@ -197,7 +213,7 @@ class ClusterWatch:
             began = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), period)
-                await asyncio.sleep(SETTLE)
+                await self._settled()
             self._changed.clear()
             if time.monotonic() - began > 2 * (period + SETTLE):
                 rewrite = True
@@ -209,6 +225,19 @@ class ClusterWatch:
                 self._failed(exc)
             if self._watchers:
                 await self._read()
+
+    async def _settled(self) -> None:
+        """Until the jobs stop changing for ``SETTLE`` (at most ``LOOK_EVERY``): jobs added
+        in bulk are announced once, after the last of them, not once per pause of the
+        adding thread (each look walks every job)."""
+        assert self._changed is not None
+        until = time.monotonic() + LOOK_EVERY
+        while time.monotonic() < until:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), SETTLE)
+            except TimeoutError:
+                return
 
     async def _poll_requests(self, backend: RunRequests) -> None:
         """Hand each manual run asked for across the cluster to the registry once, until some
@@ -244,8 +273,15 @@ class ClusterWatch:
                     written is not None
                     and written.fingerprint == fingerprint
                     and (not written.expected or written.expected[-1] >= now + HORIZON / 2)
-                    # a job that has no more ticks (its max_runs reached) says so at once
-                    and (not written.expected or registry.next_runs(spec.name, 1))
+                    # a job that has no more ticks (its max_runs reached) says so at once;
+                    # only a limited one can run out between two looks without its
+                    # expected ticks passing (asked of every job, the look costs a walk
+                    # of each trigger: seconds of CPU every look with 100,000 jobs)
+                    and (
+                        not written.expected
+                        or spec.max_runs is None
+                        or registry.next_runs(spec.name, 1)
+                    )
                 ):
                     current[spec.name] = written
                     continue

@@ -460,8 +460,11 @@ class Engine:
         self.leadership.job_changed(name)
         loop = self._loop
         if loop is not None and self.life.running and self.cluster.supported:
-            with contextlib.suppress(RuntimeError):  # loop closed in between
-                loop.call_soon_threadsafe(self.cluster.job_changed, hook, name)
+            if hook != "on_job_removed":  # the registry reads what was added when it looks
+                self.cluster.changed_soon(loop)
+            else:
+                with contextlib.suppress(RuntimeError):  # loop closed in between
+                    loop.call_soon_threadsafe(self.cluster.job_changed, hook, name)
         if not self.observer.listeners or loop is None or not self.life.running:
             return  # (jobs added in bulk with no listener must not wake the loop each time)
         with contextlib.suppress(RuntimeError):  # loop closed in between
