@@ -717,11 +717,16 @@ def test_a_registered_job_with_no_tick_recorded_is_caught_up_from_its_first_expe
     # start must find that tick (catch-up counts the ticks after the instant last_ticks gives).
     async def main() -> None:
         a, b = await backends.open(2)
-        for handle, first in ((a, 4), (b, 3)):
+        for handle, first in ((a, 2), (b, 4), (a, 3)):
             expected = (tick(first), tick(first + 1))
             definition = JobDefinition("report", "every 1m", "f", timedelta(minutes=1), expected)
             assert isinstance(handle, ClusterRegistry)
             await handle.announce([definition], [], complete=True)
+        assert isinstance(a, ClusterRegistry)
+        await a.announce([], ["report"], complete=False)  # a no longer schedules it
+        only_b = tick(4) - timedelta(microseconds=1)
+        assert await b.last_ticks(["report"]) == {"report": only_b}
+        await a.announce([definition], [], complete=True)  # and again, from tick 3
         await a.close()
         await b.close()
         [c] = await backends.open(1)
