@@ -218,10 +218,10 @@ SELECT ARRAY(SELECT n IN (SELECT n FROM recorded) FROM ended ORDER BY n) AS writ
 -- claimant and epoch) and the job locks its runs hold (on the run that holds each), each only
 -- while its lease has not run out: a lease that ran out stays out (a janitor writes the row
 -- off, a claim may take the lock, max_runs counts the row as a run), even when its holder
--- wakes before either happened; note the
--- replica as seen; return the database's clock, the runs whose row was renewed, the runs whose
--- lock was renewed, the replicas of the namespace seen lately, in leader mode the lease's
--- holder and epoch after its compare-and-set, and the server's identity.
+-- wakes before either happened. Note the replica as seen; return the database's clock, the
+-- runs whose row was renewed, the runs whose lock was renewed, the replicas of the namespace
+-- seen lately, in leader mode the lease's holder and epoch after its compare-and-set, and the
+-- server's identity.
 WITH mine AS MATERIALIZED (
     SELECT * FROM unnest(%(run_ids)s::bigint[], %(epochs)s::int[]) AS m(run_id, epoch)
 ), refreshed AS (
