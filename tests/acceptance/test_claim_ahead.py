@@ -17,7 +17,11 @@ from tests.helpers import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
-TICKS = 4
+TICKS = 8
+#: Ticks whose claim may come back after their instant: on a loaded machine (the suite's own
+#: workers) a stall of a couple of seconds outgrows the lead of the claims it meets. A lead
+#: that is not there makes every claim late.
+LATE_AT_MOST = 3
 
 
 class TimedClaims(PostgresBackend):
@@ -54,10 +58,12 @@ def test_ticks_are_claimed_ahead_and_run_on_time(dsn: str) -> None:
     with scheduler:
         assert done.wait(TICKS + 10)
     ticks = sorted(started.items())[:TICKS]
-    # The lead is twice the slowest recent claim round trip: on a loaded machine one trip may
+    # The lead is twice the slowest recent claim round trip: on a loaded machine a trip may
     # outgrow it (its tick then starts when the claim comes back, a little late), not most.
     ahead = [tick for tick, _ in ticks if backend.answered[tick] < tick]
-    assert len(ahead) >= TICKS - 1, f"claimed before due: {ahead} of {[t for t, _ in ticks]}"
+    assert len(ahead) >= TICKS - LATE_AT_MOST, (
+        f"claimed before due: {ahead} of {[t for t, _ in ticks]}"
+    )
     for tick, start in ticks:
         assert start >= tick, "never started early"
         assert (start - tick).total_seconds() < 0.5  # generous: a loaded machine
