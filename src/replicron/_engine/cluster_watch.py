@@ -43,6 +43,7 @@ from .observe import Observer
 from .planner import Tick
 from .registry import JobRegistry, JobState
 from .spec import JobSpec
+from .wakeup import Wakeup
 
 __all__ = ["ClusterWatch", "fingerprint_of", "trigger_text"]
 
@@ -130,8 +131,8 @@ class ClusterWatch:
         self._requests_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
-        #: A wake-up of the loop for added or updated jobs is on its way (``changed_soon``).
-        self._change_pending = False
+        #: Tells the loop of added or updated jobs (``changed_soon``).
+        self._change_told = Wakeup()
 
     @property
     def supported(self) -> bool:
@@ -181,16 +182,8 @@ class ClusterWatch:
     def changed_soon(self, loop: asyncio.AbstractEventLoop) -> None:
         """A job was added or updated (any thread): the loop is told once for any number of
         them, so that jobs added in bulk do not wake it each time."""
-        if self._change_pending:
-            return
-        self._change_pending = True
-        with contextlib.suppress(RuntimeError):  # loop closed in between
-            loop.call_soon_threadsafe(self._changed_now)
-
-    def _changed_now(self) -> None:
-        self._change_pending = False
         if self._changed is not None:
-            self._changed.set()
+            self._change_told(loop, self._changed)
 
     def watch(self, callback: StatusCallback, every: float) -> Callable[[], None]:
         """Call ``callback`` (on the loop) with the cluster's status every ``every`` seconds,

@@ -45,6 +45,7 @@ from .recovery import Recovery
 from .registry import JobRegistry
 from .retries import Retries
 from .runs import RunExecutor
+from .wakeup import Wakeup
 
 __all__ = ["ConcurrencyMode", "Engine"]
 
@@ -164,7 +165,7 @@ class Engine:
         self.registry.retired = lambda name: self.cluster.job_changed("retired", name)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._poke_pending = False
+        self._pokes = Wakeup()
         self._quiet_changed: asyncio.Event | None = None
         self._asleep = False
         self._asleep_until: datetime | None = None
@@ -474,16 +475,8 @@ class Engine:
         """Wake the loop after a change (any thread); one pending wake-up serves any number
         of calls."""
         loop, wake = self._loop, self._wake
-        if loop is None or wake is None or self._poke_pending or loop.is_closed():
-            return
-        self._poke_pending = True
-        with contextlib.suppress(RuntimeError):  # loop closed in between
-            loop.call_soon_threadsafe(self._poked)
-
-    def _poked(self) -> None:
-        self._poke_pending = False
-        assert self._wake is not None
-        self._wake.set()
+        if loop is not None and wake is not None:
+            self._pokes(loop, wake)
 
     # ---- quiet: nothing left to do at the clock's current time -------------------------
 
@@ -501,7 +494,7 @@ class Engine:
         assert self._wake is not None
         # A wake-up asked for but not yet delivered (a manual run asked for again as the loop
         # went to sleep) is work to do.
-        if not self._asleep or self._wake.is_set() or self._poke_pending:
+        if not self._asleep or self._wake.is_set() or self._pokes.pending:
             return False
         if self._asleep_until is not None and self._asleep_until <= self.clock.now():
             return False
