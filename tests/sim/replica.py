@@ -160,12 +160,13 @@ class Replica:
         self.process.frozen_until = self.world.now + seconds
 
     def cut(self, seconds: float) -> None:
-        """No message reaches the server or comes back (the server is down, say)."""
-        self._trouble(seconds)
+        """No message reaches the server or comes back (the server is down, say: the
+        simulation counts that trouble for every replica at once)."""
         self.link.cut_until = self.world.now + seconds
 
     def partition(self, seconds: float) -> None:
         """The replica's host is cut off: from the server, and from whoever would stop it."""
+        self._trouble(seconds)
         self.cut(seconds)
         self.partitioned_until = self.world.now + seconds
 

@@ -131,7 +131,6 @@ class Server:
                     f"{self.world.now - arrived:.1f} s after it arrived, though its client "
                     f"had given up on it at {gave_up:.3f}"
                 )
-            # A session its client closed lives on the server until its statement is over.
             self._answer(session, text, params, answered, ended_by_client=gave_up is not None)
 
         until = self.locked_until if timeout is None else min(self.locked_until, arrived + timeout)
@@ -157,16 +156,16 @@ class Server:
         answered: Callable[[Any, BaseException | None], None],
         ended_by_client: bool = False,
     ) -> None:
-        closed = session.closed
-        if ended_by_client:
+        # A session its client closed lives on the server until its statement is over.
+        reopened = ended_by_client and session.closed
+        if reopened:
             session.closed = False
         try:
             result: Any = self.run(session, text, params)
             failure: BaseException | None = None
         except Exception as exc:  # the server's answer is an error
             result, failure = None, exc
-        if ended_by_client and closed:
-            session.closed = False
+        if reopened:
             self.end(session)
         answered(result, failure)
 
